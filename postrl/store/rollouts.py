@@ -1,0 +1,255 @@
+"""The rollout store: every sample of every step as one Parquet row.
+
+    run_dir/rollouts/step_00000012.parquet     one shard per step, zstd-compressed
+
+A shard is written to a hidden temp file in the same directory (`.step_XXXXXXXX.parquet.<pid>.tmp`),
+fsynced, then `os.replace`d into place and the directory fsynced. Readers only ever glob
+`step_*.parquet`, so a shard killed half-way is never visible: it is either absent or complete.
+Writing a step again replaces its shard, which is what makes resume idempotent (a resumed run
+rewrites the steps after its checkpoint; `truncate_after` drops any it will not reach again).
+
+The row schema (`SCHEMA`, one row per completion) mirrors `RolloutRow` field for field.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from postrl.rewards.base import Score
+from postrl.tasks.base import Task
+
+SCHEMA_VERSION = "1"
+SHARD_DIR = "rollouts"
+SHARD_GLOB = "step_*.parquet"
+_SHARD_RE = re.compile(r"^step_(\d{8})\.parquet$")
+_TMP_RE = re.compile(r"^\.step_\d{8}\.parquet\.\d+\.tmp$")
+
+SCHEMA = pa.schema(
+    [
+        ("run", pa.string()),
+        ("step", pa.int64()),
+        ("policy_version", pa.int64()),
+        ("domain", pa.string()),
+        ("task_id", pa.string()),
+        ("level", pa.int32()),
+        ("group", pa.int32()),
+        ("sample", pa.int32()),
+        ("prompt", pa.string()),
+        ("answer", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("completion", pa.string()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("behaviour_logprobs", pa.list_(pa.float32())),
+        ("reward", pa.float64()),
+        ("reward_components", pa.map_(pa.string(), pa.float64())),
+        ("verifier_status", pa.string()),
+        ("correct", pa.bool_()),
+        ("detail", pa.string()),
+        ("advantage", pa.float64()),
+        ("finish_reason", pa.string()),
+        ("temperature", pa.float64()),
+        ("timings", pa.map_(pa.string(), pa.float64())),
+    ],
+    metadata={"postrl.schema_version": SCHEMA_VERSION},
+)
+
+
+@dataclass
+class RolloutRow:
+    """One stored completion. Field names are the Parquet column names."""
+
+    run: str
+    step: int
+    policy_version: int
+    """Optimiser updates the sampling policy had received (lags `step` when asynchronous)."""
+    domain: str
+    task_id: str
+    level: int
+    group: int
+    """Prompt index within the step; advantages are relative within a group."""
+    sample: int
+    """Index of the completion within the step: (step, sample) is unique across the store."""
+    prompt: str
+    answer: str
+    prompt_ids: list[int]
+    completion: str
+    token_ids: list[int]
+    """Completion token ids, EOS included when emitted."""
+    behaviour_logprobs: list[float]
+    """Log-probs of `token_ids` under the sampling policy; replay's importance weights divide by these."""
+    reward: float | None
+    """None when the sample was never scored (not the same as a zero reward)."""
+    reward_components: dict[str, float] = field(default_factory=dict)
+    verifier_status: str | None = None
+    correct: bool | None = None
+    detail: str = ""
+    advantage: float = 0.0
+    finish_reason: str = "stop"
+    temperature: float = 1.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_sample(cls, run: str, step: int, index: int, sample) -> RolloutRow:
+        """`sample` is a `postrl.records.Sample` (not imported: records pulls in torch)."""
+        score: Score | None = sample.score
+        return cls(
+            run=run,
+            step=step,
+            policy_version=sample.policy_version,
+            domain=sample.task.domain,
+            task_id=sample.task.task_id,
+            level=sample.task.level,
+            group=sample.group,
+            sample=index,
+            prompt=sample.task.prompt,
+            answer=sample.task.answer,
+            prompt_ids=list(sample.prompt_ids),
+            completion=sample.text,
+            token_ids=list(sample.completion_ids),
+            behaviour_logprobs=[float(x) for x in sample.logprobs],
+            reward=None if score is None else float(score.reward),
+            reward_components={} if score is None else {k: float(v) for k, v in score.components.items()},
+            verifier_status=None if score is None else score.status,
+            correct=None if score is None else score.correct,
+            detail="" if score is None else score.detail,
+            advantage=float(sample.advantage),
+            finish_reason=sample.finish_reason,
+            temperature=float(sample.temperature),
+            timings={k: float(v) for k, v in sample.timings.items()},
+        )
+
+    def to_sample(self):
+        """Rebuild a `Sample` for replay. The task's `meta` is not stored, so it comes back empty."""
+        from postrl.records import Sample  # lazy: keeps torch out of store readers
+
+        task = Task(self.domain, self.task_id, self.prompt, self.answer, level=self.level)
+        score = None
+        if self.reward is not None:
+            score = Score(
+                reward=self.reward,
+                correct=self.correct,
+                status=self.verifier_status or "ok",
+                components=dict(self.reward_components),
+                detail=self.detail,
+            )
+        return Sample(
+            task=task,
+            group=self.group,
+            prompt_ids=list(self.prompt_ids),
+            completion_ids=list(self.token_ids),
+            logprobs=list(self.behaviour_logprobs),
+            text=self.completion,
+            finish_reason=self.finish_reason,
+            temperature=self.temperature,
+            policy_version=self.policy_version,
+            score=score,
+            advantage=self.advantage,
+            timings=dict(self.timings),
+        )
+
+
+_MAP_COLUMNS = ("reward_components", "timings")
+
+
+def rows_to_table(rows: Sequence[RolloutRow]) -> pa.Table:
+    columns = {f.name: [getattr(r, f.name) for r in rows] for f in fields(RolloutRow)}
+    return pa.Table.from_pydict(columns, schema=SCHEMA)
+
+
+def table_to_rows(table: pa.Table) -> list[RolloutRow]:
+    out = []
+    for rec in table.to_pylist():
+        for name in _MAP_COLUMNS:  # Arrow hands maps back as [(key, value), ...]
+            rec[name] = dict(rec[name] or [])
+        out.append(RolloutRow(**rec))
+    return out
+
+
+def shard_name(step: int) -> str:
+    return f"step_{step:08d}.parquet"
+
+
+def shard_steps(run_dir: str | Path) -> list[int]:
+    """Steps that have a complete shard, ascending."""
+    d = Path(run_dir) / SHARD_DIR
+    if not d.is_dir():
+        return []
+    steps = [int(m.group(1)) for p in d.iterdir() if (m := _SHARD_RE.match(p.name))]
+    return sorted(steps)
+
+
+def read_table(run_dir: str | Path, steps: Sequence[int] | None = None) -> pa.Table:
+    """All rows (or those of `steps`) as one Arrow table, ordered by step then sample."""
+    d = Path(run_dir) / SHARD_DIR
+    wanted = shard_steps(run_dir) if steps is None else sorted(set(steps) & set(shard_steps(run_dir)))
+    tables = [pq.read_table(d / shard_name(s), schema=SCHEMA) for s in wanted]
+    if not tables:
+        return SCHEMA.empty_table()
+    return pa.concat_tables(tables).sort_by([("step", "ascending"), ("sample", "ascending")])
+
+
+def read_rows(run_dir: str | Path, steps: Sequence[int] | None = None) -> list[RolloutRow]:
+    return table_to_rows(read_table(run_dir, steps))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RolloutStore:
+    """Writer for one run's rollouts. One writer per run directory at a time."""
+
+    def __init__(self, run_dir: str | Path, run: str | None = None):
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / SHARD_DIR
+        self.run = run if run is not None else self.run_dir.resolve().name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # Temp files are only left behind by a writer that was killed; nobody else writes here.
+        for p in self.dir.iterdir():
+            if _TMP_RE.match(p.name):
+                p.unlink(missing_ok=True)
+
+    def write(self, step: int, samples: Sequence) -> Path:
+        """Write `samples` (a step's `Sample`s, in order) as the shard of `step`, atomically."""
+        rows = [RolloutRow.from_sample(self.run, step, i, s) for i, s in enumerate(samples)]
+        table = rows_to_table(rows)
+        final = self.dir / shard_name(step)
+        tmp = self.dir / f".{final.name}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                pq.write_table(table, f, compression="zstd")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.dir)
+        return final
+
+    def last_step(self) -> int | None:
+        steps = shard_steps(self.run_dir)
+        return steps[-1] if steps else None
+
+    def truncate_after(self, step: int | None) -> list[int]:
+        """Drop shards of steps > `step` (None drops all); returns the dropped steps. For resume."""
+        dropped = [s for s in shard_steps(self.run_dir) if step is None or s > step]
+        for s in dropped:
+            (self.dir / shard_name(s)).unlink(missing_ok=True)
+        if dropped:
+            _fsync_dir(self.dir)
+        return dropped
+
+    def read_rows(self, steps: Sequence[int] | None = None) -> list[RolloutRow]:
+        return read_rows(self.run_dir, steps)
