@@ -1,0 +1,243 @@
+"""Metric sinks: where the loop's per-step scalars go.
+
+    sinks = make_sinks(run_dir, ["tensorboard"], run_name="demo")   # jsonl is always added
+    sinks.log(step, {"reward/mean": 0.4, "kl/mean": 0.01})
+    sinks.close()
+
+Sinks by registry name: `jsonl` (always: `metrics.jsonl`, one JSON object per line with a
+"step" key), `tensorboard` (event files under `tb/`, written with the tensorboard package's own
+writer), `mlflow` and `wandb` (imported only when named; they read their usual environment
+variables, e.g. MLFLOW_TRACKING_URI, WANDB_PROJECT, WANDB_MODE).
+
+Stable metric names (scripts, the report and the monitors rely on these; add, never rename):
+
+    reward/mean, reward/<domain>           mean scalar reward of the step's samples
+    pass_rate, pass_rate/<domain>          share of verified samples judged correct
+    kl/mean, kl/max, kl/coef               KL to the reference (per token) and its coefficient
+    entropy, entropy/<domain>              mean per-token policy entropy, nats
+    clip_frac                              share of tokens whose PPO ratio was clipped
+    response_len/mean                      mean completion length, tokens
+    tokens_per_s                           sampled tokens per second of sampling time
+    time/sample_s, time/reward_s, time/update_s   wall-clock seconds per stage
+    loss, grad_norm, lr                    last optimiser step's loss, pre-clip grad norm, learning rate
+    curriculum/weight/<domain>             sampling weight of each domain
+    monitor/<name>                         the statistic each monitor tested (postrl.monitor.monitors)
+
+Eval results are not metrics: the loop writes them to `eval/step_N.json` as
+`{domain: {"greedy": x, "pass@1": x, "pass@8": x}}`.
+
+In `metrics.jsonl` a non-finite value (NaN, inf) is written as null, so the file stays valid
+JSON for any reader. On resume, pass `resume_step` (the first step that will be run again):
+`metrics.jsonl` drops lines from that step on, and TensorBoard gets a SessionLog START at that
+step, which makes its readers discard the orphaned events of the interrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from postrl.errors import UserError
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+
+
+class MetricSink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------- JSONL helpers
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        f.flush()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSONL file; a torn last line (process killed mid-write) is skipped."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def truncate_jsonl(path: Path, keep: Callable[[dict], bool]) -> None:
+    """Rewrite `path` atomically keeping only the records `keep` accepts."""
+    if not path.is_file():
+        return
+    kept = [r for r in read_jsonl(path) if keep(r)]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _finite_or_none(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def read_metrics(run_dir: str | Path) -> dict[int, dict[str, float]]:
+    """{step: {name: value}} from `metrics.jsonl`; a step logged twice keeps its last values, null -> NaN."""
+    by_step: dict[int, dict[str, float]] = {}
+    for rec in read_jsonl(Path(run_dir) / METRICS_FILE):
+        if not isinstance(rec.get("step"), int):
+            continue
+        step = rec.pop("step")
+        values = {k: (math.nan if v is None else float(v)) for k, v in rec.items() if v is None or _is_number(v)}
+        by_step.setdefault(step, {}).update(values)
+    return dict(sorted(by_step.items()))
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# ---------------------------------------------------------------------------- sinks
+
+
+_SINKS: dict[str, Callable[..., MetricSink]] = {}
+
+
+def register_sink(name: str) -> Callable:
+    def deco(factory: Callable[..., MetricSink]) -> Callable[..., MetricSink]:
+        if name in _SINKS:
+            raise ValueError(f"sink {name!r} registered twice")
+        _SINKS[name] = factory
+        return factory
+
+    return deco
+
+
+def available_sinks() -> list[str]:
+    return sorted(_SINKS)
+
+
+@register_sink("jsonl")
+class JsonlSink:
+    def __init__(self, run_dir: str | Path, run_name: str = "", resume_step: int | None = None):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            truncate_jsonl(self.path, lambda r: isinstance(r.get("step"), int) and r["step"] < resume_step)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record: dict[str, float | int | None] = {"step": int(step)}
+        record.update({k: _finite_or_none(v) for k, v in metrics.items()})
+        append_jsonl(self.path, record)
+
+    def close(self) -> None:
+        pass
+
+
+@register_sink("tensorboard")
+class TensorBoardSink:
+    def __init__(self, run_dir: str | Path, run_name: str = "", resume_step: int | None = None):
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event_pb2 = event_pb2
+        self.logdir = Path(run_dir) / TB_DIR
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self._writer = EventFileWriter(str(self.logdir))
+        if resume_step is not None:
+            # Readers drop events with step >= a START's step that came before it (orphans of the crash).
+            start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+            self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=resume_step, session_log=start))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()]
+        event = self._event_pb2.Event(wall_time=time.time(), step=int(step), summary=Summary(value=values))
+        self._writer.add_event(event)
+        self._writer.flush()  # a killed run keeps every logged step
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _import_optional(module: str, sink: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"sink '{sink}' needs the {module} package (pip install {module})") from None
+
+
+@register_sink("mlflow")
+class MlflowSink:
+    def __init__(self, run_dir: str | Path, run_name: str = "", resume_step: int | None = None):
+        self._mlflow = _import_optional("mlflow", "mlflow")
+        self._run = self._mlflow.start_run(run_name=run_name or Path(run_dir).name)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=int(step))
+
+    def close(self) -> None:
+        self._mlflow.end_run()
+
+
+@register_sink("wandb")
+class WandbSink:
+    def __init__(self, run_dir: str | Path, run_name: str = "", resume_step: int | None = None):
+        wandb = _import_optional("wandb", "wandb")
+        # W&B drops steps lower than ones already logged, so a resumed run continues the chart.
+        self._run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "postrl"),
+            name=run_name or Path(run_dir).name,
+            dir=str(run_dir),
+            resume="allow",
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log({k: float(v) for k, v in metrics.items()}, step=int(step))
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MultiSink:
+    """Fans each call out to several sinks; is itself a `MetricSink`."""
+
+    def __init__(self, sinks: list[MetricSink]):
+        self.sinks = sinks
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def make_sinks(
+    run_dir: str | Path, names: list[str], run_name: str = "", resume_step: int | None = None
+) -> MultiSink:
+    """The named sinks plus `jsonl` (always first). Unknown names raise `UserError` listing valid ones."""
+    unknown = [n for n in names if n not in _SINKS]
+    if unknown:
+        raise UserError(f"unknown metric sink '{unknown[0]}'; available: {', '.join(available_sinks())}")
+    ordered = ["jsonl"] + [n for n in dict.fromkeys(names) if n != "jsonl"]
+    return MultiSink([_SINKS[n](run_dir, run_name=run_name, resume_step=resume_step) for n in ordered])
