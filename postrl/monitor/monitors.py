@@ -1,0 +1,578 @@
+"""Named monitors that watch a run for collapse, drift and reward hacking.
+
+    monitors = build_monitors(cfg.monitor)               # the enabled ones, by registry name
+    alerts = monitors.update(step, metrics, samples)     # -> list[Alert], each with its configured action
+    sinks.log(step, {**metrics, **monitors.values()})    # monitor/<...> statistics they tested
+    state = monitors.state_dict(); monitors.load_state_dict(state)   # into / out of checkpoints
+
+Every monitor reads the step's metrics (names as in `postrl.monitor.sinks`) and/or the step's
+`Sample`s, keeps a little history, and returns alerts. An alert fires when a condition has held
+for `patience_steps` consecutive observations, then stays quiet until the condition clears (so a
+`warn` does not repeat every step), after which it can fire again. A monitor whose inputs are
+absent in a step (e.g. no `entropy` metric) skips that step without changing its state.
+
+| name                  | reads                                    | fires when                                   |
+|-----------------------|------------------------------------------|----------------------------------------------|
+| entropy_collapse      | entropy                                  | below an absolute floor or a share of the first value |
+| kl_spike              | kl/mean                                  | above max_kl, or spike_factor x its running mean |
+| length_drift          | response_len/mean, pass_rate             | length grew by max_growth over the window while pass rate did not gain |
+| verifier_disagreement | pairs of metrics (train -> held-out)     | the train metric rose and the held-out one did not follow |
+| format_share          | samples' reward components               | format-only terms earn most of the positive reward |
+| repetition            | samples' completion token ids            | many completions repeat their own n-grams    |
+| test_tampering        | samples' completion text                 | code defines/patches test names or exits early |
+| non_finite            | loss, grad_norm                          | a value is NaN or infinite                   |
+
+The config dataclasses below are the `monitor:` section of the run config.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from postrl.errors import UserError
+from postrl.monitor.alerts import ACTIONS, Alert
+
+# ---------------------------------------------------------------------------- config
+
+
+@dataclass
+class EntropyCollapseConfig:
+    enabled: bool = True
+    """Watch mean token entropy for collapse."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    min_entropy: float = 0.05
+    """Absolute floor, nats per token."""
+    min_fraction_of_initial: float = 0.1
+    """Also fire below this share of the first observed entropy."""
+    patience_steps: int = 3
+    """Consecutive low steps before firing."""
+
+
+@dataclass
+class KlSpikeConfig:
+    enabled: bool = True
+    """Watch KL to the reference for spikes."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    max_kl: float = 1.0
+    """Absolute ceiling on kl/mean, nats per token."""
+    spike_factor: float = 5.0
+    """Fire when kl/mean exceeds this multiple of its running mean."""
+    floor_kl: float = 0.02
+    """Running means below this count as this, so noise around zero is not a spike."""
+    ema_beta: float = 0.9
+    """Smoothing of the running mean (higher = longer memory)."""
+    warmup_steps: int = 3
+    """Steps observed before the relative test applies."""
+
+
+@dataclass
+class LengthDriftConfig:
+    enabled: bool = True
+    """Watch for completions growing while the pass rate stays flat."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    window_steps: int = 12
+    """Steps compared: the first third of the window against the last third."""
+    max_growth: float = 0.5
+    """Relative length growth that counts as drift (0.5 = +50%)."""
+    min_pass_gain: float = 0.02
+    """Pass-rate gain (absolute) over the same window that would justify the growth."""
+
+
+@dataclass
+class VerifierDisagreementConfig:
+    enabled: bool = True
+    """Watch for a training metric rising while a stricter or held-out check does not follow."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    pairs: dict[str, str] = field(default_factory=lambda: {"reward/mean": "pass_rate"})
+    """Training metric -> held-out/stricter metric on a comparable scale (both in [0, 1])."""
+    window_steps: int = 12
+    """Steps over which each metric's rise is measured (least-squares slope x window)."""
+    min_rise: float = 0.1
+    """Rise of the training metric over the window that asks for confirmation."""
+    min_agreement: float = 0.25
+    """The held-out metric must rise by at least this share of the training metric's rise."""
+    min_points: int = 3
+    """Observations of each metric inside the window before judging."""
+
+
+@dataclass
+class FormatShareConfig:
+    enabled: bool = True
+    """Watch the share of positive reward earned by format-only reward terms."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    components: list[str] = field(default_factory=lambda: ["format"])
+    """Reward component names that reward form, not correctness."""
+    max_share: float = 0.5
+    """Fire when these terms earn more than this share of all positive reward."""
+    patience_steps: int = 2
+    """Consecutive steps above the share before firing."""
+
+
+@dataclass
+class RepetitionConfig:
+    enabled: bool = True
+    """Watch for completions that repeat their own n-grams."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    ngram: int = 4
+    """n-gram length, in tokens."""
+    max_repeat_fraction: float = 0.5
+    """A completion is repetitive when this share of its n-grams are repeats."""
+    max_repetitive_share: float = 0.25
+    """Fire when more than this share of a step's completions are repetitive."""
+    patience_steps: int = 2
+    """Consecutive steps above the share before firing."""
+
+
+@dataclass
+class TamperingConfig:
+    enabled: bool = True
+    """Watch completions for code that tampers with the tests that grade it."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    protected_names: list[str] = field(
+        default_factory=lambda: ["check", "candidate", "AssertionError", "__eq__"]
+    )
+    """Names a solution must not define, assign or import as (test harness names, equality hooks)."""
+    forbidden: list[str] = field(
+        default_factory=lambda: [
+            "sys.exit", "os._exit", "exit(", "quit(", "SystemExit", "unittest", "pytest",
+            "sys._getframe", "inspect.", "setattr(", "signal.", "builtins", "__builtins__",
+        ]
+    )
+    """Substrings (word-bounded at the start) that exit early, patch, or inspect the test harness."""
+    min_samples: int = 1
+    """Fire when at least this many completions in a step tamper."""
+
+
+@dataclass
+class NonFiniteConfig:
+    enabled: bool = True
+    """Watch training scalars for NaN and inf."""
+    action: str = "stop"
+    """warn | stop | rollback."""
+    metrics: list[str] = field(default_factory=lambda: ["loss", "grad_norm"])
+    """Metric names that must stay finite."""
+
+
+@dataclass
+class MonitorConfig:
+    sinks: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Metric sinks besides metrics.jsonl (always written): tensorboard, mlflow, wandb."""
+    spot_check_every_steps: int = 10
+    """Dump highest/lowest/random samples to samples/step_N.md every N steps (0 = never)."""
+    spot_check_k: int = 3
+    """Samples of each kind (highest, lowest, random) per spot check."""
+    entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
+    kl_spike: KlSpikeConfig = field(default_factory=KlSpikeConfig)
+    length_drift: LengthDriftConfig = field(default_factory=LengthDriftConfig)
+    verifier_disagreement: VerifierDisagreementConfig = field(default_factory=VerifierDisagreementConfig)
+    format_share: FormatShareConfig = field(default_factory=FormatShareConfig)
+    repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
+    test_tampering: TamperingConfig = field(default_factory=TamperingConfig)
+    non_finite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+
+
+# ---------------------------------------------------------------------------- plumbing
+
+
+class Monitor(Protocol):
+    name: str
+    values: dict[str, float]
+    """Statistics tested in the last update, logged as metrics."""
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Trigger:
+    """Fires once after `patience` consecutive bad observations; re-arms when one is good."""
+
+    def __init__(self, patience: int = 1):
+        self.patience = max(1, patience)
+        self.count = 0
+        self.fired = False
+
+    def observe(self, bad: bool) -> bool:
+        if not bad:
+            self.count, self.fired = 0, False
+            return False
+        self.count += 1
+        if self.count >= self.patience and not self.fired:
+            self.fired = True
+            return True
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "fired": self.fired}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count, self.fired = int(state["count"]), bool(state["fired"])
+
+
+_MONITORS: dict[str, Callable[[Any], Monitor]] = {}
+
+
+def register_monitor(name: str) -> Callable:
+    def deco(cls):
+        if name in _MONITORS:
+            raise ValueError(f"monitor {name!r} registered twice")
+        cls.name = name
+        _MONITORS[name] = cls
+        return cls
+
+    return deco
+
+
+def available_monitors() -> list[str]:
+    return sorted(_MONITORS)
+
+
+def _finite(metrics: dict[str, float], name: str) -> float | None:
+    v = metrics.get(name)
+    return float(v) if v is not None and math.isfinite(float(v)) else None
+
+
+def _slope(points: Sequence[tuple[int, float]]) -> float:
+    """Least-squares slope of value against step."""
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    var = sum((p[0] - mx) ** 2 for p in points)
+    return 0.0 if var == 0 else sum((p[0] - mx) * (p[1] - my) for p in points) / var
+
+
+# ---------------------------------------------------------------------------- monitors on metrics
+
+
+@register_monitor("entropy_collapse")
+class EntropyCollapse:
+    def __init__(self, cfg: EntropyCollapseConfig):
+        self.cfg = cfg
+        self.initial: float | None = None
+        self.trigger = Trigger(cfg.patience_steps)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        entropy = _finite(metrics, "entropy")
+        if entropy is None:
+            return []
+        if self.initial is None:
+            self.initial = entropy
+        floor = max(self.cfg.min_entropy, self.cfg.min_fraction_of_initial * self.initial)
+        self.values = {"monitor/entropy_ratio": entropy / self.initial if self.initial > 0 else 1.0}
+        if not self.trigger.observe(entropy < floor):
+            return []
+        msg = (f"entropy {entropy:.4g} nats/token below {floor:.4g} for {self.trigger.count} steps "
+               f"(first value {self.initial:.4g})")
+        return [Alert(step, self.name, msg, self.cfg.action, {"entropy": entropy, "floor": floor})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"initial": self.initial, "trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.initial = state["initial"]
+        self.trigger.load_state_dict(state["trigger"])
+
+
+@register_monitor("kl_spike")
+class KlSpike:
+    def __init__(self, cfg: KlSpikeConfig):
+        self.cfg = cfg
+        self.ema: float | None = None
+        self.seen = 0
+        self.trigger = Trigger(1)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        kl = _finite(metrics, "kl/mean")
+        if kl is None:
+            return []
+        baseline = max(self.ema if self.ema is not None else kl, self.cfg.floor_kl)
+        relative = self.seen >= self.cfg.warmup_steps and kl > self.cfg.spike_factor * baseline
+        bad = kl > self.cfg.max_kl or relative
+        self.values = {"monitor/kl_ratio": kl / baseline}
+        # The spike itself enters the running mean: a lasting new level stops being a "spike".
+        self.ema = kl if self.ema is None else self.cfg.ema_beta * self.ema + (1 - self.cfg.ema_beta) * kl
+        self.seen += 1
+        if not self.trigger.observe(bad):
+            return []
+        msg = (f"kl/mean {kl:.4g} exceeds max {self.cfg.max_kl:.4g} or {self.cfg.spike_factor:g}x "
+               f"its running mean {baseline:.4g}")
+        return [Alert(step, self.name, msg, self.cfg.action, {"kl": kl, "baseline": baseline})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ema": self.ema, "seen": self.seen, "trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ema, self.seen = state["ema"], int(state["seen"])
+        self.trigger.load_state_dict(state["trigger"])
+
+
+@register_monitor("length_drift")
+class LengthDrift:
+    def __init__(self, cfg: LengthDriftConfig):
+        self.cfg = cfg
+        self.history: deque[tuple[float, float]] = deque(maxlen=max(3, cfg.window_steps))
+        self.trigger = Trigger(1)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        length, passed = _finite(metrics, "response_len/mean"), _finite(metrics, "pass_rate")
+        if length is None or passed is None:
+            return []
+        self.history.append((length, passed))
+        if len(self.history) < self.history.maxlen:
+            return []
+        third = len(self.history) // 3
+        old, new = list(self.history)[:third], list(self.history)[-third:]
+        old_len, new_len = (sum(h[0] for h in part) / third for part in (old, new))
+        gain = sum(h[1] for h in new) / third - sum(h[1] for h in old) / third
+        growth = new_len / old_len - 1 if old_len > 0 else 0.0
+        self.values = {"monitor/length_growth": growth}
+        if not self.trigger.observe(growth > self.cfg.max_growth and gain < self.cfg.min_pass_gain):
+            return []
+        msg = (f"response length grew {growth:+.0%} ({old_len:.1f} -> {new_len:.1f} tokens) over "
+               f"{len(self.history)} steps while pass rate changed {gain:+.3f}")
+        return [Alert(step, self.name, msg, self.cfg.action, {"growth": growth, "pass_gain": gain})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [list(h) for h in self.history], "trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.clear()
+        self.history.extend(tuple(h) for h in state["history"])
+        self.trigger.load_state_dict(state["trigger"])
+
+
+@register_monitor("verifier_disagreement")
+class VerifierDisagreement:
+    def __init__(self, cfg: VerifierDisagreementConfig):
+        self.cfg = cfg
+        self.series: dict[str, list[tuple[int, float]]] = {}
+        self.triggers = {train: Trigger(1) for train in cfg.pairs}
+        self.values: dict[str, float] = {}
+
+    def _rise(self, name: str, step: int) -> float | None:
+        pts = [p for p in self.series.get(name, []) if p[0] > step - self.cfg.window_steps]
+        if len(pts) < self.cfg.min_points:
+            return None
+        return _slope(pts) * (self.cfg.window_steps - 1)
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        for name in {*self.cfg.pairs, *self.cfg.pairs.values()}:
+            v = _finite(metrics, name)
+            if v is not None:
+                pts = self.series.setdefault(name, []) + [(step, v)]
+                self.series[name] = [p for p in pts if p[0] > step - self.cfg.window_steps]
+        alerts, self.values = [], {}
+        for train, heldout in self.cfg.pairs.items():
+            rise, follow = self._rise(train, step), self._rise(heldout, step)
+            if rise is None or follow is None:
+                continue
+            self.values[f"monitor/verifier_gap/{train}"] = rise - follow
+            bad = rise > self.cfg.min_rise and follow < self.cfg.min_agreement * rise
+            if self.triggers[train].observe(bad):
+                msg = (f"{train} rose {rise:+.3f} over {self.cfg.window_steps} steps but {heldout} "
+                       f"changed {follow:+.3f} (needs >= {self.cfg.min_agreement:.0%} of the rise)")
+                alerts.append(Alert(step, self.name, msg, self.cfg.action, {"rise": rise, "follow": follow}))
+        return alerts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"series": {k: [list(p) for p in v] for k, v in self.series.items()},
+                "triggers": {k: t.state_dict() for k, t in self.triggers.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.series = {k: [(int(p[0]), float(p[1])) for p in v] for k, v in state["series"].items()}
+        for k, t in state["triggers"].items():
+            if k in self.triggers:
+                self.triggers[k].load_state_dict(t)
+
+
+@register_monitor("non_finite")
+class NonFinite:
+    def __init__(self, cfg: NonFiniteConfig):
+        self.cfg = cfg
+        self.trigger = Trigger(1)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        bad = {k: float(metrics[k]) for k in self.cfg.metrics if k in metrics and not math.isfinite(float(metrics[k]))}
+        if not self.trigger.observe(bool(bad)):
+            return []
+        msg = "non-finite " + ", ".join(f"{k}={v}" for k, v in bad.items())
+        return [Alert(step, self.name, msg, self.cfg.action, bad)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trigger.load_state_dict(state["trigger"])
+
+
+# ---------------------------------------------------------------------------- monitors on samples
+
+
+@register_monitor("format_share")
+class FormatShare:
+    def __init__(self, cfg: FormatShareConfig):
+        self.cfg = cfg
+        self.trigger = Trigger(cfg.patience_steps)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        # Shares of *positive* reward: a penalty term must not make format look less dominant.
+        fmt = total = 0.0
+        for s in samples:
+            for name, v in (s.score.components if s.score is not None else {}).items():
+                total += max(v, 0.0)
+                fmt += max(v, 0.0) if name in self.cfg.components else 0.0
+        if total <= 0:
+            return []
+        share = fmt / total
+        self.values = {"monitor/format_share": share}
+        if not self.trigger.observe(share > self.cfg.max_share):
+            return []
+        msg = (f"format-only terms ({', '.join(self.cfg.components)}) earn {share:.0%} of positive reward "
+               f"(max {self.cfg.max_share:.0%}) for {self.trigger.count} steps")
+        return [Alert(step, self.name, msg, self.cfg.action, {"share": share})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trigger.load_state_dict(state["trigger"])
+
+
+def repeat_fraction(ids: Sequence[int], n: int) -> float | None:
+    """Share of a sequence's n-grams that repeat an earlier one; None when too short to judge."""
+    if len(ids) < 2 * n:
+        return None
+    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+@register_monitor("repetition")
+class Repetition:
+    def __init__(self, cfg: RepetitionConfig):
+        self.cfg = cfg
+        self.trigger = Trigger(cfg.patience_steps)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        fracs = [f for s in samples if (f := repeat_fraction(s.completion_ids, self.cfg.ngram)) is not None]
+        if not fracs:
+            return []
+        share = sum(f > self.cfg.max_repeat_fraction for f in fracs) / len(fracs)
+        self.values = {"monitor/repetitive_share": share}
+        if not self.trigger.observe(share > self.cfg.max_repetitive_share):
+            return []
+        msg = (f"{share:.0%} of completions repeat over {self.cfg.max_repeat_fraction:.0%} of their "
+               f"{self.cfg.ngram}-grams (max share {self.cfg.max_repetitive_share:.0%})")
+        return [Alert(step, self.name, msg, self.cfg.action, {"share": share})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trigger.load_state_dict(state["trigger"])
+
+
+def tampering_patterns(cfg: TamperingConfig) -> list[tuple[str, re.Pattern[str]]]:
+    pats = []
+    for name in cfg.protected_names:
+        n = re.escape(name)
+        # def/class NAME, NAME = ..., `import x as NAME`, globals()['NAME']
+        rx = rf"(\b(def|class)\s+{n}\b|(^|[;\s]){n}\s*=[^=]|\bas\s+{n}\b|\[\s*['\"]{n}['\"]\s*\]\s*=)"
+        pats.append((f"defines {name}", re.compile(rx, re.MULTILINE)))
+    for s in cfg.forbidden:
+        pats.append((f"uses {s}", re.compile(rf"(?<![\w.]){re.escape(s)}")))
+    return pats
+
+
+@register_monitor("test_tampering")
+class Tampering:
+    def __init__(self, cfg: TamperingConfig):
+        self.cfg = cfg
+        self.patterns = tampering_patterns(cfg)
+        self.trigger = Trigger(1)
+        self.values: dict[str, float] = {}
+
+    def find(self, text: str, allowed: str = "") -> list[str]:
+        """Labels of the tampering patterns in `text`; `allowed` is the task's own entry point."""
+        return [label for label, rx in self.patterns if label != f"defines {allowed}" and rx.search(text)]
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        hits = [(s, found) for s in samples if (found := self.find(s.text, s.task.answer))]
+        if samples:
+            self.values = {"monitor/tampering_share": len(hits) / len(samples)}
+        if not self.trigger.observe(len(hits) >= self.cfg.min_samples):
+            return []
+        s, found = hits[0]
+        msg = (f"{len(hits)} completion(s) tamper with tests; e.g. {s.task.domain}/{s.task.task_id} "
+               f"group {s.group}: {', '.join(found)}")
+        return [Alert(step, self.name, msg, self.cfg.action, {"samples": float(len(hits))})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trigger.load_state_dict(state["trigger"])
+
+
+# ---------------------------------------------------------------------------- the set the loop holds
+
+
+class Monitors:
+    """The enabled monitors, updated together."""
+
+    def __init__(self, monitors: list[Monitor]):
+        self.monitors = {m.name: m for m in monitors}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        alerts: list[Alert] = []
+        for m in self.monitors.values():
+            alerts += m.update(step, metrics, samples)
+        return alerts
+
+    def values(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for m in self.monitors.values():
+            out.update(m.values)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state, by monitor name."""
+        return {name: m.state_dict() for name, m in self.monitors.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, s in state.items():
+            if name in self.monitors:  # a monitor disabled since the checkpoint just drops its state
+                self.monitors[name].load_state_dict(s)
+
+
+def build_monitors(cfg: MonitorConfig) -> Monitors:
+    """The enabled monitors of `cfg` (anything with one attribute per monitor name)."""
+    built = []
+    for name in available_monitors():
+        settings = getattr(cfg, name)
+        if settings.action not in ACTIONS:
+            raise UserError(
+                f"config key 'monitor.{name}.action' = {settings.action!r}: expected one of {', '.join(ACTIONS)}"
+            )
+        if settings.enabled:
+            built.append(_MONITORS[name](settings))
+    return Monitors(built)
