@@ -16,6 +16,7 @@ from postrl.errors import UserError
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples, read_alerts
 from postrl.monitor.monitors import (
     MonitorConfig,
+    MonitorContext,
     Tampering,
     TamperingConfig,
     Trigger,
@@ -25,6 +26,8 @@ from postrl.monitor.monitors import (
 )
 
 STEPS = 30
+# As a recipe would weight them: correctness counts, the answer-tag format term adds a little.
+CTX = MonitorContext(reward_weights={"arith": {"correct": 1.0, "format_answer_tag": 0.2}})
 HEALTHY_TEXTS = [
     "The product of 6 and 7 is 42, so the answer is 42.",
     "def add(a, b):\n    return a + b\n",
@@ -51,7 +54,7 @@ def healthy_metrics(step: int, rng: random.Random) -> dict[str, float]:
 def healthy_samples(make_sample, step: int) -> list:
     return [
         make_sample(text, task_id=f"t{i}", group=i // 2, reward=1.0 if i % 2 else 0.1, correct=bool(i % 2),
-                    components={"correct": 1.0 if i % 2 else 0.0, "format": 0.1})
+                    components={"correct": 1.0 if i % 2 else 0.0, "format_answer_tag": 1.0})
         for i, text in enumerate(HEALTHY_TEXTS)
     ]
 
@@ -71,7 +74,7 @@ def trajectory(make_sample, edit_metrics=None, edit_samples=None):
 
 
 def run_monitors(traj, cfg: MonitorConfig | None = None, monitors=None) -> list[Alert]:
-    monitors = monitors or build_monitors(cfg or MonitorConfig())
+    monitors = monitors or build_monitors(cfg or MonitorConfig(), CTX)
     alerts = []
     for step, (metrics, samples) in enumerate(traj):
         alerts += monitors.update(step, metrics, samples)
@@ -79,7 +82,7 @@ def run_monitors(traj, cfg: MonitorConfig | None = None, monitors=None) -> list[
 
 
 def test_healthy_run_raises_nothing(make_sample):
-    monitors = build_monitors(MonitorConfig())
+    monitors = build_monitors(MonitorConfig(), CTX)
     assert sorted(monitors.monitors) == available_monitors()
     assert run_monitors(trajectory(make_sample), monitors=monitors) == []
     values = monitors.values()
@@ -117,8 +120,8 @@ FAILURES = {
 
 
 def _fmt_only(sample):
-    sample.score.components = {"correct": 0.0, "format": 0.5}
-    sample.score.reward = 0.5
+    sample.score.components = {"correct": 0.0, "format_answer_tag": 1.0}
+    sample.score.reward = 0.2
     return sample
 
 
@@ -138,6 +141,18 @@ def test_monitor_fires_on_its_failure_once(make_sample, case):
     alerts = run_monitors(trajectory(make_sample, edit_metrics, edit_samples))
     assert [(a.name, a.step) for a in alerts] == [(name, first_step)], [a.message for a in alerts]
     assert alerts[0].action == getattr(MonitorConfig(), name).action and alerts[0].message
+
+
+def test_format_share_weighs_components_and_ignores_unweighted_domains(make_sample):
+    monitor = build_monitors(MonitorConfig(), CTX).monitors["format_share"]
+    # 2 samples: correct (1.0*1 + 0.2*1) and format-only (0.2*1): format earns 0.4 of 1.4.
+    samples = [make_sample(components={"correct": 1.0, "format_answer_tag": 1.0}),
+               _fmt_only(make_sample())]
+    monitor.update(0, {}, samples)
+    assert monitor.values["monitor/format_share"] == pytest.approx(0.4 / 1.4)
+    # A domain with no reward weights earns its own reward: nothing of it is format.
+    monitor.update(1, {}, [make_sample(domain="code", components={"format_x": 5.0}, reward=1.0)])
+    assert monitor.values["monitor/format_share"] == 0.0
 
 
 def test_length_growth_with_rising_pass_rate_is_not_drift(make_sample):
@@ -182,7 +197,7 @@ def test_trigger_patience_and_rearm():
     ],
 )
 def test_tampering_patterns_flag(text):
-    assert Tampering(TamperingConfig()).find(text)
+    assert Tampering(TamperingConfig(), MonitorContext()).find(text)
 
 
 @pytest.mark.parametrize(
@@ -195,11 +210,11 @@ def test_tampering_patterns_flag(text):
     ],
 )
 def test_tampering_patterns_leave_honest_code_alone(text):
-    assert Tampering(TamperingConfig()).find(text) == []
+    assert Tampering(TamperingConfig(), MonitorContext()).find(text) == []
 
 
 def test_tampering_allows_the_tasks_own_entry_point():
-    assert Tampering(TamperingConfig()).find("def check(x):\n    return x > 0", allowed="check") == []
+    assert Tampering(TamperingConfig(), MonitorContext()).find("def check(x):\n    return x > 0", allowed="check") == []
 
 
 def test_repeat_fraction():
@@ -218,15 +233,15 @@ def test_state_round_trip_gives_identical_alerts(make_sample):
     traj = trajectory(make_sample, edit)
     expected = run_monitors(traj)
     assert {a.name for a in expected} == {"length_drift", "verifier_disagreement", "entropy_collapse"}
-    first = build_monitors(MonitorConfig())
+    first = build_monitors(MonitorConfig(), CTX)
     alerts = [a for step in range(15) for a in first.update(step, *traj[step])]
     state = json.loads(json.dumps(first.state_dict()))  # checkpoints store it as JSON
-    second = build_monitors(MonitorConfig())
+    second = build_monitors(MonitorConfig(), CTX)
     second.load_state_dict(state)
     alerts += [a for step in range(15, STEPS) for a in second.update(step, *traj[step])]
     assert alerts == expected
     # Without the state, the resumed half re-raises the latched alerts: the state is what prevents it.
-    fresh = build_monitors(MonitorConfig())
+    fresh = build_monitors(MonitorConfig(), CTX)
     second_half = [a for step in range(15, STEPS) for a in fresh.update(step, *traj[step])]
     assert len(second_half) > len([a for a in expected if a.step >= 15])
 
@@ -276,3 +291,21 @@ def test_dump_samples_picks_highest_lowest_and_random(tmp_path, make_sample):
         assert "````\nuses ``` fences\n````" in md
     again = dump_samples(tmp_path, 40, samples, k=2)  # deterministic: same picks for the same step
     assert again.read_text() == md
+
+
+def _shape(cls) -> dict:
+    """Field names, defaults and nested shapes of a config dataclass."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        out[f.name] = _shape(type(default)) if dataclasses.is_dataclass(default) else default
+    return out
+
+
+def test_run_config_monitor_section_matches_these_settings():
+    """The loop's config tree carries a copy of MonitorConfig; the two must not drift."""
+    import postrl.config as config
+
+    if not hasattr(config, "MonitorConfig"):
+        pytest.skip("postrl.config has no monitor section yet")
+    assert _shape(config.MonitorConfig) == _shape(MonitorConfig)

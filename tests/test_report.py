@@ -25,12 +25,14 @@ def step_metrics(step: int) -> dict[str, float]:
         "kl/mean": 0.01 * step, "kl/max": 0.05 * step, "kl/coef": 0.01,
         "entropy": 1.0 - 0.1 * step, "clip_frac": 0.02, "response_len/mean": 12.0 + step,
         "tokens_per_s": 900.0, "time/sample_s": 1.0, "time/reward_s": 0.2, "time/update_s": 0.8,
-        "loss": math.nan if step == 1 else 0.5, "grad_norm": 1.1, "lr": 1e-4,
+        "loss": math.nan if step == 1 else 0.5, "pg_loss": 0.4, "grad_norm": 1.1, "lr": 1e-4,
+        "verifier/unverified": 0.0,
         "monitor/format_share": 0.1,
     }
     for i, d in enumerate(DOMAINS):
         m |= {f"reward/{d}": 0.2 * i + 0.1 * step, f"pass_rate/{d}": 0.1 * i + 0.1 * step,
-              f"entropy/{d}": 1.0 - 0.05 * i, f"curriculum/weight/{d}": 0.5 + 0.1 * (i - 0.5) * step}
+              f"entropy/{d}": 1.0 - 0.05 * i, f"curriculum/weight/{d}": 0.5 + 0.1 * (i - 0.5) * step,
+              f"batch/{d}": 0.5}
     return m
 
 

@@ -1,6 +1,6 @@
 """Named monitors that watch a run for collapse, drift and reward hacking.
 
-    monitors = build_monitors(cfg.monitor)               # the enabled ones, by registry name
+    monitors = build_monitors(cfg.monitor, MonitorContext(reward_weights))   # the enabled ones, by name
     alerts = monitors.update(step, metrics, samples)     # -> list[Alert], each with its configured action
     sinks.log(step, {**metrics, **monitors.values()})    # monitor/<...> statistics they tested
     state = monitors.state_dict(); monitors.load_state_dict(state)   # into / out of checkpoints
@@ -17,7 +17,7 @@ absent in a step (e.g. no `entropy` metric) skips that step without changing its
 | kl_spike              | kl/mean                                  | above max_kl, or spike_factor x its running mean |
 | length_drift          | response_len/mean, pass_rate             | length grew by max_growth over the window while pass rate did not gain |
 | verifier_disagreement | pairs of metrics (train -> held-out)     | the train metric rose and the held-out one did not follow |
-| format_share          | samples' reward components               | format-only terms earn most of the positive reward |
+| format_share          | samples' reward components x weights     | format-only terms earn most of the positive reward |
 | repetition            | samples' completion token ids            | many completions repeat their own n-grams    |
 | test_tampering        | samples' completion text                 | code defines/patches test names or exits early |
 | non_finite            | loss, grad_norm                          | a value is NaN or infinite                   |
@@ -110,8 +110,8 @@ class FormatShareConfig:
     """Watch the share of positive reward earned by format-only reward terms."""
     action: str = "warn"
     """warn | stop | rollback."""
-    components: list[str] = field(default_factory=lambda: ["format"])
-    """Reward component names that reward form, not correctness."""
+    prefixes: list[str] = field(default_factory=lambda: ["format"])
+    """Reward terms whose name starts with one of these reward form, not correctness (format_boxed, ...)."""
     max_share: float = 0.5
     """Fire when these terms earn more than this share of all positive reward."""
     patience_steps: int = 2
@@ -186,6 +186,14 @@ class MonitorConfig:
 # ---------------------------------------------------------------------------- plumbing
 
 
+@dataclass
+class MonitorContext:
+    """What monitors need to know about the run besides their own settings."""
+
+    reward_weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per domain, the recipe's reward term weights (`domains.<name>.reward`); empty = own reward."""
+
+
 class Monitor(Protocol):
     name: str
     values: dict[str, float]
@@ -223,7 +231,7 @@ class Trigger:
         self.count, self.fired = int(state["count"]), bool(state["fired"])
 
 
-_MONITORS: dict[str, Callable[[Any], Monitor]] = {}
+_MONITORS: dict[str, Callable[[Any, MonitorContext], Monitor]] = {}
 
 
 def register_monitor(name: str) -> Callable:
@@ -260,7 +268,7 @@ def _slope(points: Sequence[tuple[int, float]]) -> float:
 
 @register_monitor("entropy_collapse")
 class EntropyCollapse:
-    def __init__(self, cfg: EntropyCollapseConfig):
+    def __init__(self, cfg: EntropyCollapseConfig, ctx: MonitorContext):
         self.cfg = cfg
         self.initial: float | None = None
         self.trigger = Trigger(cfg.patience_steps)
@@ -290,7 +298,7 @@ class EntropyCollapse:
 
 @register_monitor("kl_spike")
 class KlSpike:
-    def __init__(self, cfg: KlSpikeConfig):
+    def __init__(self, cfg: KlSpikeConfig, ctx: MonitorContext):
         self.cfg = cfg
         self.ema: float | None = None
         self.seen = 0
@@ -324,7 +332,7 @@ class KlSpike:
 
 @register_monitor("length_drift")
 class LengthDrift:
-    def __init__(self, cfg: LengthDriftConfig):
+    def __init__(self, cfg: LengthDriftConfig, ctx: MonitorContext):
         self.cfg = cfg
         self.history: deque[tuple[float, float]] = deque(maxlen=max(3, cfg.window_steps))
         self.trigger = Trigger(1)
@@ -360,7 +368,7 @@ class LengthDrift:
 
 @register_monitor("verifier_disagreement")
 class VerifierDisagreement:
-    def __init__(self, cfg: VerifierDisagreementConfig):
+    def __init__(self, cfg: VerifierDisagreementConfig, ctx: MonitorContext):
         self.cfg = cfg
         self.series: dict[str, list[tuple[int, float]]] = {}
         self.triggers = {train: Trigger(1) for train in cfg.pairs}
@@ -404,7 +412,7 @@ class VerifierDisagreement:
 
 @register_monitor("non_finite")
 class NonFinite:
-    def __init__(self, cfg: NonFiniteConfig):
+    def __init__(self, cfg: NonFiniteConfig, ctx: MonitorContext):
         self.cfg = cfg
         self.trigger = Trigger(1)
         self.values: dict[str, float] = {}
@@ -428,25 +436,35 @@ class NonFinite:
 
 @register_monitor("format_share")
 class FormatShare:
-    def __init__(self, cfg: FormatShareConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: FormatShareConfig, ctx: MonitorContext):
+        self.cfg, self.ctx = cfg, ctx
         self.trigger = Trigger(cfg.patience_steps)
         self.values: dict[str, float] = {}
+
+    def contributions(self, score, domain: str) -> dict[str, float]:
+        """Each term's weighted part of the reward. Components are stored unweighted
+        (postrl.rewards.composite), so the recipe's weights turn them back into reward."""
+        weights = self.ctx.reward_weights.get(domain)
+        if not weights:  # the domain's own reward, with no shaping terms
+            return {"reward": score.reward}
+        return {name: w * score.components.get(name, 0.0) for name, w in weights.items()}
 
     def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
         # Shares of *positive* reward: a penalty term must not make format look less dominant.
         fmt = total = 0.0
         for s in samples:
-            for name, v in (s.score.components if s.score is not None else {}).items():
+            if s.score is None:
+                continue
+            for name, v in self.contributions(s.score, s.task.domain).items():
                 total += max(v, 0.0)
-                fmt += max(v, 0.0) if name in self.cfg.components else 0.0
+                fmt += max(v, 0.0) if name.startswith(tuple(self.cfg.prefixes)) else 0.0
         if total <= 0:
             return []
         share = fmt / total
         self.values = {"monitor/format_share": share}
         if not self.trigger.observe(share > self.cfg.max_share):
             return []
-        msg = (f"format-only terms ({', '.join(self.cfg.components)}) earn {share:.0%} of positive reward "
+        msg = (f"format-only terms ({', '.join(p + '*' for p in self.cfg.prefixes)}) earn {share:.0%} of positive reward "
                f"(max {self.cfg.max_share:.0%}) for {self.trigger.count} steps")
         return [Alert(step, self.name, msg, self.cfg.action, {"share": share})]
 
@@ -467,7 +485,7 @@ def repeat_fraction(ids: Sequence[int], n: int) -> float | None:
 
 @register_monitor("repetition")
 class Repetition:
-    def __init__(self, cfg: RepetitionConfig):
+    def __init__(self, cfg: RepetitionConfig, ctx: MonitorContext):
         self.cfg = cfg
         self.trigger = Trigger(cfg.patience_steps)
         self.values: dict[str, float] = {}
@@ -505,7 +523,7 @@ def tampering_patterns(cfg: TamperingConfig) -> list[tuple[str, re.Pattern[str]]
 
 @register_monitor("test_tampering")
 class Tampering:
-    def __init__(self, cfg: TamperingConfig):
+    def __init__(self, cfg: TamperingConfig, ctx: MonitorContext):
         self.cfg = cfg
         self.patterns = tampering_patterns(cfg)
         self.trigger = Trigger(1)
@@ -564,8 +582,9 @@ class Monitors:
                 self.monitors[name].load_state_dict(s)
 
 
-def build_monitors(cfg: MonitorConfig) -> Monitors:
+def build_monitors(cfg: MonitorConfig, ctx: MonitorContext | None = None) -> Monitors:
     """The enabled monitors of `cfg` (anything with one attribute per monitor name)."""
+    ctx = ctx or MonitorContext()
     built = []
     for name in available_monitors():
         settings = getattr(cfg, name)
@@ -574,5 +593,5 @@ def build_monitors(cfg: MonitorConfig) -> Monitors:
                 f"config key 'monitor.{name}.action' = {settings.action!r}: expected one of {', '.join(ACTIONS)}"
             )
         if settings.enabled:
-            built.append(_MONITORS[name](settings))
+            built.append(_MONITORS[name](settings, ctx))
     return Monitors(built)

@@ -59,10 +59,12 @@ PLOTS: list[PlotSpec] = [
     PlotSpec("Clip fraction", "share of tokens clipped", ("clip_frac",)),
     PlotSpec("Throughput", "sampled tokens / s", ("tokens_per_s",)),
     PlotSpec("Time per stage", "seconds", ("time/sample_s", "time/reward_s", "time/update_s"), ("time/",)),
-    PlotSpec("Loss", "loss", ("loss",)),
+    PlotSpec("Loss", "loss", ("loss", "pg_loss")),
     PlotSpec("Gradient norm", "norm before clipping", ("grad_norm",)),
     PlotSpec("Learning rate", "lr", ("lr",)),
     PlotSpec("Curriculum weights", "sampling weight", (), ("curriculum/weight/",)),
+    PlotSpec("Batch composition", "share of the step's samples", (), ("batch/",)),
+    PlotSpec("Unverified samples", "share not verified (timeout/error)", ("verifier/unverified",)),
     PlotSpec("Monitor signals", "statistic", (), ("monitor/",)),
 ]
 EVAL_PLOT_TITLE = "Held-out evaluation"

@@ -19,7 +19,10 @@ Stable metric names (scripts, the report and the monitors rely on these; add, ne
     response_len/mean                      mean completion length, tokens
     tokens_per_s                           sampled tokens per second of sampling time
     time/sample_s, time/reward_s, time/update_s   wall-clock seconds per stage
-    loss, grad_norm, lr                    last optimiser step's loss, pre-clip grad norm, learning rate
+    loss, pg_loss, grad_norm, lr           last optimiser step's loss (total, policy-gradient part),
+                                           pre-clip grad norm, learning rate
+    verifier/unverified                    share of samples whose verifier timed out or failed
+    batch/<domain>                         share of the step's samples drawn from each domain
     curriculum/weight/<domain>             sampling weight of each domain
     monitor/<name>                         the statistic each monitor tested (postrl.monitor.monitors)
 
