@@ -50,3 +50,12 @@ def build_sample(
 def make_sample():
     """Factory fixture: `make_sample(text, reward=..., correct=..., components=...)` -> `Sample`."""
     return build_sample
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A very small HF model directory from `postrl pretrain` (seconds, not minutes)."""
+    from postrl.pretrain import PretrainSpec, pretrain
+
+    spec = PretrainSpec(steps=30, batch_size=32, hidden_size=32, layers=2, heads=2)
+    return pretrain(spec, tmp_path_factory.mktemp("models") / "tiny", log=lambda *a: None)

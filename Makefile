@@ -1,0 +1,39 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Each creates .venv when it is missing and installs everything the project needs.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint setup system-deps clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch pinned here so pip takes the CPU build on disk, not a multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+setup: system-deps $(STAMP)
+
+# bubblewrap isolates sandboxed code; installed where we can (root + apt), reported by the sandbox otherwise.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap python3-seccomp) >/dev/null 2>&1 \
+	      || echo "note: could not install bubblewrap; the sandbox will report a lower isolation level"; \
+	  else echo "note: bubblewrap missing and not root; the sandbox will report a lower isolation level"; fi; }
+
+demo: setup
+	$(BIN)/python -m postrl.demo
+
+test: setup
+	$(BIN)/ruff check postrl tests benchmarks
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check postrl tests benchmarks
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,38 @@
+"""Group-relative advantages: each completion is judged against the other attempts at the same prompt.
+
+rewards: [G, N] (G groups of N samples) -> advantages: [G, N].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from postrl.algo.registry import Registry
+
+ADVANTAGES = Registry("advantage estimator")
+register_advantage = ADVANTAGES.register
+
+
+@register_advantage("grpo")
+def grpo(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """A = r - mean(group), optionally / (std(group) + eps).
+
+    std is the unbiased sample std, as in GRPO's reference implementations. Dr. GRPO
+    (scale_by_std=False) drops the division: scaling by std up-weights groups whose rewards
+    barely differ (near-solved or near-hopeless prompts), a bias toward those difficulty extremes.
+    A group whose rewards are all equal gets zero advantage either way: it carries no signal.
+    """
+    centred = rewards - rewards.mean(dim=-1, keepdim=True)  # [G, N]
+    if scale_by_std:
+        centred = centred / (rewards.std(dim=-1, keepdim=True) + eps)
+    return centred
+
+
+@register_advantage("rloo")
+def rloo(rewards: torch.Tensor, scale_by_std: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """Leave-one-out baseline: A_i = r_i - mean_{j != i} r_j = N/(N-1) * (r_i - mean). Unbiased."""
+    n = rewards.shape[-1]
+    adv = (rewards - rewards.mean(dim=-1, keepdim=True)) * n / max(n - 1, 1)  # [G, N]
+    if scale_by_std:
+        adv = adv / (rewards.std(dim=-1, keepdim=True) + eps)
+    return adv

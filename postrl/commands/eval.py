@@ -1,0 +1,67 @@
+"""postrl eval MODEL_OR_RUN --domains arith --k 1,8 [--json]: held-out greedy accuracy and pass@k."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a model on held-out problems", description=__doc__)
+    p.add_argument("model", help="HF model directory, a run directory (uses its final/), or tiny-arith")
+    p.add_argument("--domains", default="arith", help="comma-separated domain names")
+    p.add_argument("--k", default="1,8", help="comma-separated k for pass@k")
+    p.add_argument("--samples", type=int, default=16, help="samples per problem (n of the estimator)")
+    p.add_argument("--problems", type=int, default=200, help="held-out problems per domain")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from postrl.errors import UserError
+    from postrl.evaluate import evaluate
+    from postrl.policy.model import load_model
+    from postrl.policy.policy import Policy
+    from postrl.tasks.base import UnknownDomainError, make_domain
+
+    try:
+        ks = [int(k) for k in args.k.split(",")]
+    except ValueError:
+        raise UserError(f"--k {args.k!r}: expected comma-separated integers such as 1,8") from None
+    if max(ks) > args.samples:
+        raise UserError(f"--k {args.k}: every k must be <= --samples ({args.samples})")
+    model_path = args.model
+    if (Path(model_path) / "final" / "config.json").is_file():
+        model_path = str(Path(model_path) / "final")
+    try:
+        domains = {name: make_domain(name, {}, args.seed) for name in args.domains.split(",")}
+    except UnknownDomainError as e:
+        raise UserError(e.args[0]) from None
+    log = (lambda *a: None) if args.json else print
+    model, tok = load_model(model_path, log=log)
+    result = evaluate(
+        Policy(model, tok), domains, num_problems=args.problems, ks=ks, samples_per_problem=args.samples,
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    return 0
+
+
+def print_table(result: dict[str, dict[str, float]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="held-out evaluation")
+    cols = [k for k in next(iter(result.values())) if k == "greedy" or k.startswith("pass@")]
+    table.add_column("domain")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for domain, r in result.items():
+        table.add_row(domain, *(f"{r[c]:.3f}" for c in cols))
+    Console().print(table)

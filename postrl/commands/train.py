@@ -1,0 +1,21 @@
+"""postrl train [RECIPE.yaml] [dotted.key=value ...]"""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="RL post-training from a recipe", description=__doc__)
+    p.add_argument("recipe", nargs="?", help="YAML recipe (default: built-in defaults)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.kl_coef=0.02")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from postrl.config import load_config
+    from postrl.train import train
+
+    recipe, overrides = args.recipe, list(args.overrides)
+    if recipe is not None and "=" in recipe and not recipe.endswith((".yaml", ".yml")):
+        recipe, overrides = None, [recipe, *overrides]  # `postrl train key=value` without a recipe
+    train(load_config(recipe, overrides))
+    return 0

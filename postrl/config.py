@@ -1,0 +1,316 @@
+"""One typed config tree: YAML recipes and dotted command-line overrides load into it.
+
+    cfg = load_config("recipes/default.yaml", ["rl.kl_coef=0.02", "train.total_steps=10"])
+
+Each field's docstring-style comment is its help text. Validation happens once, here: an unknown
+key or a wrong type raises `ConfigError` with one line naming the key (and the closest valid
+key, or the expected type). The resolved config is what a run saves as `config.yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from postrl.errors import UserError
+
+
+class ConfigError(UserError):
+    """A config problem a user can fix; the CLI prints it as one line and exits 2."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny-arith"
+    """HF model directory, GGUF file, or a built-in name ('tiny-arith' is pretrained on first use)."""
+    dtype: str = "float32"
+    """Parameter dtype for training: float32 or bfloat16."""
+
+
+@dataclass
+class DomainConfig:
+    weight: float = 1.0
+    """Initial sampling weight of this domain in the mixture."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Domain-specific settings, validated by the domain itself (e.g. arith's `levels`)."""
+    reward: dict[str, float] = field(default_factory=dict)
+    """Weighted reward terms, e.g. {compiles: 0.2, tests: 0.8}; empty = the domain's own reward."""
+
+
+@dataclass
+class TrainConfig:
+    total_steps: int = 60
+    """RL steps (one batch of prompts sampled, rewarded and trained on per step)."""
+    prompts_per_step: int = 32
+    """Distinct prompts drawn per step."""
+    samples_per_prompt: int = 8
+    """Completions sampled per prompt (the group size)."""
+    max_new_tokens: int = 8
+    """Longest completion, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature during training."""
+    top_p: float = 1.0
+    """Nucleus sampling mass during training (1.0 = off)."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up, in optimiser steps."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    minibatches: int = 2
+    """Optimiser steps per pass (the batch is split into this many minibatches)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm."""
+
+
+@dataclass
+class RLConfig:
+    advantage: str = "grpo"
+    """Advantage estimator (registry name): grpo."""
+    scale_by_std: bool = True
+    """Divide group-centred rewards by the group's std (GRPO) or not (Dr. GRPO)."""
+    loss: str = "ppo_clip"
+    """Policy loss (registry name): ppo_clip."""
+    clip_low: float = 0.2
+    """Lower PPO clip range: ratio >= 1 - clip_low."""
+    clip_high: float = 0.28
+    """Upper PPO clip range (clip-higher, DAPO): ratio <= 1 + clip_high."""
+    loss_agg: str = "token-mean"
+    """Loss aggregation: token-mean (every token counts once) or seq-mean-token-mean."""
+    kl_coef: float = 0.01
+    """Weight of the KL penalty to the frozen reference policy (0 disables the reference)."""
+    kl_estimator: str = "k3"
+    """KL estimator: k1, k2 or k3 (Schulman's unbiased, non-negative estimator)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = off)."""
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = 0
+    """Evaluate on the held-out split every N steps (0 = only at the end)."""
+    k: list[int] = field(default_factory=lambda: [1, 8])
+    """pass@k values to report."""
+    samples_per_problem: int = 16
+    """Samples per held-out problem for the unbiased pass@k estimator."""
+    num_problems: int = 200
+    """Held-out problems per domain."""
+    temperature: float = 1.0
+    """Sampling temperature for pass@k."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0
+    """Write a full-state checkpoint every N steps (0 = never, only final/)."""
+
+
+@dataclass
+class RunConfig:
+    dir: str = ""
+    """Run directory; empty means runs/<name>-<timestamp>."""
+    name: str = "run"
+    """Run name, used in the default run directory."""
+    progress: bool = True
+    """Show a live progress bar on the console."""
+
+
+@dataclass
+class PipelineConfig:
+    max_staleness: int = 0
+    """Policy versions a batch may lag the trainer by (0 = synchronous)."""
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    """Seeds Python, NumPy and torch; runs with the same seed are reproducible on CPU."""
+    engine: str = "local"
+    """Where the parts run: local."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    domains: dict[str, DomainConfig] = field(default_factory=lambda: {"arith": DomainConfig()})
+    """Domains trained jointly, by registry name."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Recipe YAML (optional) + dotted `key=value` overrides -> validated `Config`."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = read_yaml(path)
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(raw, key, value)
+    cfg = from_dict(Config, raw)
+    validate(cfg)
+    return cfg
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"recipe not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{p}:{where} invalid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a recipe must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value")
+    key, text = item.split("=", 1)
+    try:
+        value = yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        value = text
+    return key.strip(), value
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def from_dict(cls: type, raw: Any, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a nested dict, checking every key and type."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(unknown_key_message(dotted, key, list(fields), prefix))
+        kwargs[key] = coerce(hints[key], value, dotted)
+    obj = cls(**kwargs)
+    return obj
+
+
+def unknown_key_message(dotted: str, key: str, valid: list[str], prefix: str) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
+    return f"unknown config key '{dotted}'{hint}"
+
+
+def coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key + ".")
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return coerce(inner[0], value, key)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise type_error(key, value, tp)
+        return [coerce(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise type_error(key, value, tp)
+        return {str(k): coerce(val_tp, v, f"{key}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool):
+        if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+            return value
+        raise type_error(key, value, tp)
+    raise ConfigError(f"config key '{key}' has an unsupported type {tp}")
+
+
+def type_error(key: str, value: Any, tp: Any) -> ConfigError:
+    name = getattr(tp, "__name__", str(tp)).replace("typing.", "")
+    if typing.get_origin(tp) is not None:
+        name = str(tp).replace("typing.", "")
+    return ConfigError(f"config key '{key}' = {value!r}: expected {name}, got {type(value).__name__}")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that types alone cannot express."""
+    t = cfg.train
+    positive = {
+        "train.total_steps": t.total_steps,
+        "train.prompts_per_step": t.prompts_per_step,
+        "train.samples_per_prompt": t.samples_per_prompt,
+        "train.max_new_tokens": t.max_new_tokens,
+        "train.ppo_epochs": t.ppo_epochs,
+        "train.minibatches": t.minibatches,
+        "eval.samples_per_problem": cfg.eval.samples_per_problem,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"config key '{key}' = {value}: must be >= 1")
+    completions = t.prompts_per_step * t.samples_per_prompt
+    if completions % t.minibatches:
+        raise ConfigError(
+            f"config key 'train.minibatches' = {t.minibatches}: must divide the "
+            f"{completions} completions per step"
+        )
+    if not 0 < t.top_p <= 1:
+        raise ConfigError(f"config key 'train.top_p' = {t.top_p}: must be in (0, 1]")
+    if t.temperature <= 0:
+        raise ConfigError(f"config key 'train.temperature' = {t.temperature}: must be > 0")
+    if not cfg.domains:
+        raise ConfigError("config key 'domains' is empty: name at least one domain")
+    if any(k > cfg.eval.samples_per_problem for k in cfg.eval.k):
+        raise ConfigError(
+            f"config key 'eval.k' = {cfg.eval.k}: every k must be <= eval.samples_per_problem "
+            f"({cfg.eval.samples_per_problem})"
+        )
+    if cfg.rl.loss_agg not in ("token-mean", "seq-mean-token-mean"):
+        raise ConfigError(
+            f"config key 'rl.loss_agg' = {cfg.rl.loss_agg!r}: expected token-mean or seq-mean-token-mean"
+        )
+    if cfg.rl.kl_estimator not in ("k1", "k2", "k3"):
+        raise ConfigError(f"config key 'rl.kl_estimator' = {cfg.rl.kl_estimator!r}: expected k1, k2 or k3")
+    if cfg.engine != "local":
+        raise ConfigError(f"config key 'engine' = {cfg.engine!r}: only 'local' is available")
+    if cfg.pipeline.max_staleness != 0:
+        raise ConfigError(
+            f"config key 'pipeline.max_staleness' = {cfg.pipeline.max_staleness}: "
+            "only 0 (synchronous) is available"
+        )
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

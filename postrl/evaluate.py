@@ -1,0 +1,44 @@
+"""Held-out evaluation: greedy accuracy and unbiased pass@k per domain.
+
+    {"arith": {"greedy": 0.31, "pass@1": 0.42, "pass@8": 0.93, "n_problems": 200, "samples_per_problem": 16}}
+"""
+
+from __future__ import annotations
+
+import torch
+
+from postrl.algo.passk import pass_at_k
+from postrl.policy.policy import Policy
+from postrl.policy.rollout import GenParams
+from postrl.tasks.base import Domain
+
+
+def evaluate_domain(
+    policy: Policy,
+    domain: Domain,
+    num_problems: int,
+    ks: list[int],
+    samples_per_problem: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int = 0,
+) -> dict[str, float]:
+    tasks = domain.heldout(num_problems)
+    greedy = policy.sample(tasks, 1, GenParams(max_new_tokens, greedy=True))
+    greedy_scores = domain.score(tasks, [s.response for s in greedy])
+    gen = torch.Generator().manual_seed(seed)
+    sampled = policy.sample(tasks, samples_per_problem, GenParams(max_new_tokens, temperature=temperature), gen)
+    scores = domain.score([s.task for s in sampled], [s.response for s in sampled])
+    correct = [0] * len(tasks)
+    for s, sc in zip(sampled, scores):
+        correct[s.group] += bool(sc.correct)
+    result = {"greedy": sum(bool(s.correct) for s in greedy_scores) / len(tasks)}
+    for k in ks:
+        result[f"pass@{k}"] = sum(pass_at_k(samples_per_problem, c, k) for c in correct) / len(tasks)
+    result["n_problems"] = len(tasks)
+    result["samples_per_problem"] = samples_per_problem
+    return result
+
+
+def evaluate(policy: Policy, domains: dict[str, Domain], **kwargs) -> dict[str, dict[str, float]]:
+    return {name: evaluate_domain(policy, d, **kwargs) for name, d in domains.items()}

@@ -1,0 +1,60 @@
+"""The policy: a causal LM plus its tokenizer, turning `Task`s into sampled `Sample`s."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from postrl.policy.rollout import GenParams, generate
+from postrl.records import Sample
+from postrl.tasks.base import Task
+
+
+class Policy:
+    def __init__(self, model, tokenizer, max_batch: int = 512):
+        self.model = model
+        self.tok = tokenizer
+        self.max_batch = max_batch
+        """Largest number of sequences generated at once (bounds KV-cache memory)."""
+        self.version = 0
+        """Optimiser updates applied so far; stamped on every sample."""
+
+    def encode_prompt(self, text: str) -> list[int]:
+        if getattr(self.tok, "chat_template", None):
+            messages = [{"role": "user", "content": text}]
+            return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        return self.tok(text)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    @torch.no_grad()
+    def sample(
+        self, tasks: list[Task], n: int, params: GenParams, generator: torch.Generator | None = None
+    ) -> list[Sample]:
+        """n completions per task, grouped: samples [i*n : (i+1)*n] belong to tasks[i] (group i)."""
+        was_training = self.model.training
+        self.model.eval()
+        encoded = [self.encode_prompt(t.prompt) for t in tasks]
+        flat = [(g, task, ids) for g, (task, ids) in enumerate(zip(tasks, encoded)) for _ in range(n)]
+        samples: list[Sample] = []
+        for start in range(0, len(flat), self.max_batch):
+            chunk = flat[start : start + self.max_batch]
+            t0 = time.perf_counter()
+            gens = generate(
+                self.model, [ids for _, _, ids in chunk], params, self.tok.eos_token_id, self.tok.pad_token_id,
+                generator=generator, decode=self.decode,
+            )
+            share = (time.perf_counter() - t0) / len(chunk)
+            for (g, task, ids), gen in zip(chunk, gens):
+                text = self.decode(gen.token_ids)
+                for stop in params.stop_strings:
+                    text = text.split(stop, 1)[0]
+                samples.append(Sample(
+                    task=task, group=g, prompt_ids=ids, completion_ids=gen.token_ids, logprobs=gen.logprobs,
+                    text=text, finish_reason=gen.finish_reason, temperature=params.temperature,
+                    policy_version=self.version, timings={"sample_s": share},
+                ))
+        self.model.train(was_training)
+        return samples

@@ -1,0 +1,60 @@
+"""Typed records passed between the stages of the loop.
+
+    Task  --policy.sample-->  Sample (one completion)  --reward-->  Sample.score
+    Group = the samples of one prompt; advantages are relative within a group.
+    Batch = the tensors the update consumes, built from a step's samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from postrl.rewards.base import Score
+from postrl.tasks.base import Response, Task
+
+
+@dataclass
+class Sample:
+    task: Task
+    group: int
+    """Index of this sample's group (prompt) within the step."""
+    prompt_ids: list[int]
+    """Prompt token ids as fed to the model (after any chat template), no padding."""
+    completion_ids: list[int]
+    """Sampled token ids, including the EOS token when the model emitted one."""
+    logprobs: list[float]
+    """Behaviour log-probabilities of `completion_ids` under the sampling policy (at `temperature`)."""
+    text: str
+    """Decoded completion, without EOS."""
+    finish_reason: str
+    """'stop' or 'length'."""
+    temperature: float
+    policy_version: int
+    """Number of optimiser updates the sampling policy had received."""
+    score: Score | None = None
+    advantage: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent on this sample's stages, e.g. {'sample_s': .., 'reward_s': ..} (per-batch share)."""
+
+    @property
+    def response(self) -> Response:
+        return Response(self.text, self.finish_reason)
+
+    @property
+    def reward(self) -> float:
+        return self.score.reward if self.score is not None else 0.0
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors for the update. B = number of completions, T = prompt+completion length."""
+
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] long, 1 on real tokens
+    loss_mask: torch.Tensor  # [B, T-1] float, 1 where position t predicts a completion token
+    old_logprobs: torch.Tensor  # [B, T-1] behaviour log-probs, aligned with loss_mask
+    ref_logprobs: torch.Tensor | None  # [B, T-1] reference log-probs, None when KL is off
+    advantages: torch.Tensor  # [B] one scalar per completion
+    temperatures: torch.Tensor  # [B] sampling temperature of each completion

@@ -1,0 +1,179 @@
+"""Domain `arith`: seeded, procedurally generated arithmetic with difficulty levels.
+
+    47+38=      ->  85
+    52-38+17=   ->  31
+
+Problems are evaluated left to right. A fixed ~10% of all problems (chosen by a hash of the
+problem text, so independent of any seed) form the held-out split; training never samples them.
+
+The module also knows a *systematic mistake* (every carry or borrow decision inverted). The demo's pretraining corpus uses them to give the base model
+latent but unreliable skill: the right answer is in its distribution, but often not on top.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass, field
+
+from postrl.rewards.base import Score
+from postrl.tasks.base import Response, Task, parse_params, register_domain
+
+
+@dataclass(frozen=True)
+class Level:
+    digits: int
+    """Digits per operand."""
+    terms: int
+    """Number of operands."""
+    ops: str
+    """Operators drawn from."""
+
+
+LEVELS: dict[int, Level] = {
+    1: Level(digits=1, terms=2, ops="+"),
+    2: Level(digits=2, terms=2, ops="+-"),
+    3: Level(digits=2, terms=3, ops="+-"),
+    4: Level(digits=3, terms=2, ops="+-"),
+    5: Level(digits=3, terms=3, ops="+-"),
+}
+
+ALPHABET = "0123456789+-="
+_ANSWER = re.compile(r"-?\d+")
+
+
+@dataclass
+class ArithParams:
+    levels: list[int] = field(default_factory=lambda: [2])
+    """Difficulty levels to draw training problems from (uniformly unless the curriculum says)."""
+    heldout_percent: int = 10
+    """Share of all problems reserved for the held-out split, in percent."""
+
+
+def is_heldout(prompt: str, percent: int) -> bool:
+    h = int(hashlib.sha1(prompt.encode()).hexdigest()[:8], 16)
+    return h % 100 < percent
+
+
+def generate(rng: random.Random, level: int) -> tuple[list[int], list[str]]:
+    """Operands and operators for one problem; running values never go negative."""
+    spec = LEVELS[level]
+    lo, hi = (0 if spec.digits == 1 else 10 ** (spec.digits - 1)), 10**spec.digits - 1
+    nums = [rng.randint(lo, hi)]
+    ops: list[str] = []
+    value = nums[0]
+    for _ in range(spec.terms - 1):
+        b = rng.randint(lo, hi)
+        op = rng.choice(spec.ops)
+        if op == "-" and b > value:
+            op = "+"
+        nums.append(b)
+        ops.append(op)
+        value = value + b if op == "+" else value - b
+    return nums, ops
+
+
+def render(nums: list[int], ops: list[str]) -> str:
+    return str(nums[0]) + "".join(op + str(n) for op, n in zip(ops, nums[1:])) + "="
+
+
+def evaluate(nums: list[int], ops: list[str], add=lambda a, b: a + b, sub=lambda a, b: a - b) -> int:
+    value = nums[0]
+    for op, b in zip(ops, nums[1:]):
+        value = add(value, b) if op == "+" else sub(value, b)
+    return value
+
+
+def _digits(n: int, width: int) -> list[int]:
+    return [int(c) for c in str(n).zfill(width)[::-1]]  # least significant first
+
+
+def _column_op(a: int, b: int, sign: int) -> int:
+    """Column arithmetic with every carry (sign=+1) or borrow (sign=-1) decision inverted.
+
+    The classic carrying mistake in both directions: forgetting a carry that was needed and
+    carrying one that was not (47+38 -> 75, 12+13 -> 35; 52-38 -> 24, 57-32 -> 15). The right
+    answer needs the same carry computation, so the mistake is a single learnable "flip"."""
+    width = max(len(str(a)), len(str(b)))
+    da, db = _digits(a, width), _digits(b, width)
+    true_carry, value = 0, 0
+    for i in range(width):
+        used = true_carry if i == 0 else 1 - true_carry
+        col = da[i] + sign * db[i] + sign * used
+        true_total = da[i] + sign * db[i] + sign * true_carry
+        true_carry = int(true_total >= 10) if sign > 0 else int(true_total < 0)
+        value += (col if i == width - 1 else col % 10) * 10**i
+    return value
+
+
+def add_flipped_carry(a: int, b: int) -> int:
+    return _column_op(a, b, +1)
+
+
+def sub_flipped_borrow(a: int, b: int) -> int:
+    return _column_op(a, b, -1)
+
+
+def systematic_mistake(nums: list[int], ops: list[str]) -> int:
+    """The answer a solver with the carry mistake gives; differs from the right one for width >= 2."""
+    return evaluate(nums, ops, add=add_flipped_carry, sub=sub_flipped_borrow)
+
+
+def extract_answer(text: str) -> int | None:
+    """The integer answer if the completion is exactly one integer (surrounding spaces allowed)."""
+    text = text.strip()
+    return int(text) if _ANSWER.fullmatch(text) else None
+
+
+def score_answer(gold: str, response: Response) -> Score:
+    """Strict: reward 1 only for the right integer, nothing else, terminated by EOS (not truncated)."""
+    value = extract_answer(response.text)
+    correct = response.finish_reason == "stop" and value is not None and value == int(gold)
+    return Score(reward=float(correct), correct=correct, components={"correct": float(correct)})
+
+
+@register_domain("arith")
+class Arith:
+    name = "arith"
+
+    def __init__(self, params: dict, seed: int):
+        self.params: ArithParams = parse_params(ArithParams, params, self.name)
+        bad = [lv for lv in self.params.levels if lv not in LEVELS]
+        if bad or not self.params.levels:
+            from postrl.errors import UserError
+
+            raise UserError(f"domains.arith.params.levels = {self.params.levels}: levels are {sorted(LEVELS)}")
+        self.levels = sorted(self.params.levels)
+        self.seed = seed
+
+    def make_task(self, nums: list[int], ops: list[str], level: int) -> Task:
+        prompt = render(nums, ops)
+        return Task(self.name, f"arith/{prompt}", prompt, str(evaluate(nums, ops)), level)
+
+    def sample(self, rng: random.Random, level: int | None = None) -> Task:
+        level = rng.choice(self.levels) if level is None else level
+        while True:
+            nums, ops = generate(rng, level)
+            if not is_heldout(render(nums, ops), self.params.heldout_percent):
+                return self.make_task(nums, ops, level)
+
+    def heldout(self, n: int) -> list[Task]:
+        """The first n held-out problems, spread evenly over the levels; fixed for given levels."""
+        per_level = [n // len(self.levels) + (i < n % len(self.levels)) for i in range(len(self.levels))]
+        tasks: list[Task] = []
+        for level, count in zip(self.levels, per_level):
+            rng = random.Random(f"arith-heldout-{level}")
+            seen: set[str] = set()
+            for _ in range(200 * count):  # level 1 has only ~10 held-out problems; stop trying
+                if len(seen) == count:
+                    break
+                nums, ops = generate(rng, level)
+                prompt = render(nums, ops)
+                if prompt not in seen and is_heldout(prompt, self.params.heldout_percent):
+                    seen.add(prompt)
+                    tasks.append(self.make_task(nums, ops, level))
+        return tasks
+
+    def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]:
+        return [score_answer(t.answer, r) for t, r in zip(tasks, responses)]

@@ -1,0 +1,98 @@
+"""`Task` records and the domain registry.
+
+A domain is a source of problems plus the rule that grades answers to them:
+
+    @register_domain("arith")
+    class Arith:
+        def __init__(self, params: dict, seed: int): ...
+        levels: list[int]                          # difficulty levels, easiest first
+        def sample(self, rng, level=None) -> Task  # a training problem (never a held-out one)
+        def heldout(self, n) -> list[Task]         # the fixed held-out split
+        def score(self, tasks, responses) -> list[Score]   # batched grading
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from postrl.rewards.base import Score
+
+
+@dataclass(frozen=True)
+class Task:
+    domain: str
+    """Registry name of the domain that made it."""
+    task_id: str
+    """Stable id: the same problem always has the same id."""
+    prompt: str
+    """Text given to the model (before any chat template)."""
+    answer: str
+    """Gold answer as text (for code: the entry point; tests live in `meta`)."""
+    level: int = 0
+    """Difficulty level within the domain."""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """Domain-specific data the grader needs (tests, reasoning-gym entry, ...)."""
+
+
+@dataclass(frozen=True)
+class Response:
+    text: str
+    """Decoded completion without the EOS token."""
+    finish_reason: str
+    """'stop' (EOS or a stop string) or 'length' (hit max_new_tokens)."""
+
+
+class Domain(Protocol):
+    name: str
+    levels: list[int]
+
+    def sample(self, rng: random.Random, level: int | None = None) -> Task: ...
+
+    def heldout(self, n: int) -> list[Task]: ...
+
+    def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]: ...
+
+
+class UnknownDomainError(KeyError):
+    pass
+
+
+_DOMAINS: dict[str, Callable[..., Domain]] = {}
+
+
+def register_domain(name: str) -> Callable:
+    def deco(factory: Callable[..., Domain]) -> Callable[..., Domain]:
+        if name in _DOMAINS:
+            raise ValueError(f"domain {name!r} registered twice")
+        _DOMAINS[name] = factory
+        return factory
+
+    return deco
+
+
+def available_domains() -> list[str]:
+    _load_builtin_domains()
+    return sorted(_DOMAINS)
+
+
+def make_domain(name: str, params: dict[str, Any] | None = None, seed: int = 0) -> Domain:
+    """Build a registered domain; unknown names raise UnknownDomainError naming the valid ones."""
+    _load_builtin_domains()
+    if name not in _DOMAINS:
+        raise UnknownDomainError(f"unknown domain '{name}'; available: {', '.join(sorted(_DOMAINS))}")
+    return _DOMAINS[name](dict(params or {}), seed)
+
+
+def _load_builtin_domains() -> None:
+    # Imported lazily so that `postrl.tasks.base` stays cheap and cycle-free.
+    import postrl.tasks  # noqa: F401
+
+
+def parse_params(cls: type, params: dict[str, Any], domain: str) -> Any:
+    """Validate a domain's `params` mapping into its own dataclass, with config-style errors."""
+    from postrl.config import from_dict  # config is a leaf module; imported here to keep this one light
+
+    return from_dict(cls, params, prefix=f"domains.{domain}.params.")
