@@ -128,3 +128,22 @@ def test_cli_bad_run_dir_exits_2(tmp_path, monkeypatch, capsys):
     assert rc == 2 and "run directory not found" in err and len(err.strip().splitlines()) == 1
     rc, _, err = _cli(monkeypatch, capsys, tmp_path)
     assert rc == 2 and "does not look like a run directory" in err
+
+
+def test_report_from_a_real_two_step_run(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    assert cli.main([
+        "train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={run_dir}",
+        "train.total_steps=2", "train.prompts_per_step=4", "train.samples_per_prompt=4",
+        "eval.num_problems=8", "eval.samples_per_problem=4", "eval.k=[1,4]", "run.progress=false",
+    ]) == 0
+    capsys.readouterr()
+    assert cli.main(["report", str(run_dir)]) == 0
+    assert capsys.readouterr().out.strip() == str(run_dir / "report.html")
+    page = (run_dir / "report.html").read_text()
+    titles = _titles(page)
+    for title in ("Reward per domain", "Pass rate per domain", "KL to reference", "Entropy", "Response length",
+                  "Clip fraction", "Throughput", "Curriculum weights", EVAL_PLOT_TITLE):
+        assert title in titles
+    assert len(_images(page)) == len(titles)
+    assert "<td>step_2</td><td>arith</td>" in page
