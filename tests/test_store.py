@@ -142,10 +142,12 @@ def test_query_over_shards(run_dir):
 
 def test_named_views(run_dir):
     by_step = query_view(run_dir, "pass_rate_by_step")
-    assert by_step.columns[:4] == ["step", "domain", "samples", "pass_rate"]
-    assert by_step.rows[0][:4] == (0, "arith", 2, 0.5)
-    code_row = [r for r in by_step.rows if r[:2] == (0, "code")][0]
-    assert code_row[3] == 0.0 and code_row[-1] == 1  # the timeout counts as unverified, not as a failure
+    assert by_step.columns == ["step", "domain", "samples", "pass_rate", "verified_pass_rate", "mean_reward",
+                               "unverified"]
+    assert by_step.rows[0] == (0, "arith", 2, 0.5, 0.5, 0.5, 0)
+    # code: one wrong, one timeout. pass_rate counts the timeout as not passed (as the loop's metric
+    # does); verified_pass_rate leaves it out; unverified counts it.
+    assert [r for r in by_step.rows if r[:2] == (0, "code")] == [(0, "code", 2, 0.0, 0.0, 0.1, 1)]
     failures = query_view(run_dir, "top_failures")
     assert [(r[0], r[1], r[2]) for r in failures.rows] == [("code", "b", 6), ("arith", "a", 6)]
     assert query_view(run_dir, "verifier_errors").rows[0][4] == "timeout"
@@ -153,6 +155,12 @@ def test_named_views(run_dir):
     assert ("format", pytest.approx(0.1)) in [(r[1], r[2]) for r in comps.rows if r[0] == 1]
     for name in VIEWS:  # every view runs
         query_view(run_dir, name)
+
+
+def test_pass_rate_views_count_unverified_as_not_passed_and_separately(tmp_path, make_sample):
+    RolloutStore(tmp_path).write(0, [make_sample("42"), make_sample("?", correct=None, status="error")])
+    assert query_view(tmp_path, "pass_rate_by_step").rows == [(0, "arith", 2, 0.5, 1.0, 1.0, 1)]
+    assert query_view(tmp_path, "pass_rate_by_domain").rows[0][:4] == ("arith", 2, 0.5, 1.0)
 
 
 def test_bad_sql_and_missing_rollouts_are_user_errors(run_dir, tmp_path_factory):

@@ -27,35 +27,34 @@ class View:
 
 
 # Registry of named views; each is created in every query session and may build on `rollouts`.
-# `correct` is NULL when the verifier could not decide; pass rates count only decided samples
-# and report the undecided ones separately, so a broken verifier never looks like a hard task.
+# `correct` is NULL when the verifier could not decide. `pass_rate` counts those as not passed,
+# exactly as the loop's `pass_rate` metric does, so the numbers match the report; `verified_pass_rate`
+# leaves them out and `unverified` counts them, so a broken verifier never looks like a hard task.
+_PASS = "avg(CAST(coalesce(correct, false) AS DOUBLE))"
+_VERIFIED_PASS = "avg(CAST(correct AS DOUBLE))"
 VIEWS: dict[str, View] = {
     "pass_rate_by_step": View(
         "pass rate, mean reward and unverified count per step and domain",
-        """SELECT step, domain, count(*) AS samples,
-                  avg(CAST(correct AS DOUBLE)) AS pass_rate,
-                  avg(reward) AS mean_reward,
-                  count(*) FILTER (WHERE correct IS NULL) AS unverified
-           FROM rollouts GROUP BY step, domain ORDER BY step, domain""",
+        f"""SELECT step, domain, count(*) AS samples, {_PASS} AS pass_rate,
+                   {_VERIFIED_PASS} AS verified_pass_rate, avg(reward) AS mean_reward,
+                   count(*) FILTER (WHERE correct IS NULL) AS unverified
+            FROM rollouts GROUP BY step, domain ORDER BY step, domain""",
     ),
     "pass_rate_by_domain": View(
         "pass rate, mean reward and mean completion length per domain over the whole run",
-        """SELECT domain, count(*) AS samples,
-                  avg(CAST(correct AS DOUBLE)) AS pass_rate,
-                  avg(reward) AS mean_reward,
-                  avg(len(token_ids)) AS mean_tokens
-           FROM rollouts GROUP BY domain ORDER BY domain""",
+        f"""SELECT domain, count(*) AS samples, {_PASS} AS pass_rate,
+                   {_VERIFIED_PASS} AS verified_pass_rate, avg(reward) AS mean_reward,
+                   avg(len(token_ids)) AS mean_tokens
+            FROM rollouts GROUP BY domain ORDER BY domain""",
     ),
     "top_failures": View(
         "tasks attempted most and solved least, with one failing completion each",
-        """SELECT domain, task_id, count(*) AS attempts,
-                  avg(CAST(correct AS DOUBLE)) AS pass_rate,
-                  avg(reward) AS mean_reward,
-                  any_value(completion) FILTER (WHERE NOT coalesce(correct, false)) AS failing_completion,
-                  any_value(answer) AS answer
-           FROM rollouts GROUP BY domain, task_id
-           HAVING coalesce(avg(CAST(correct AS DOUBLE)), 0) < 1
-           ORDER BY pass_rate ASC NULLS FIRST, attempts DESC, domain, task_id LIMIT 50""",
+        f"""SELECT domain, task_id, count(*) AS attempts, {_PASS} AS pass_rate,
+                   avg(reward) AS mean_reward,
+                   any_value(completion) FILTER (WHERE NOT coalesce(correct, false)) AS failing_completion,
+                   any_value(answer) AS answer
+            FROM rollouts GROUP BY domain, task_id HAVING {_PASS} < 1
+            ORDER BY pass_rate ASC, attempts DESC, domain, task_id LIMIT 50""",
     ),
     "verifier_errors": View(
         "samples whose verifier timed out or failed, with its message",
