@@ -124,7 +124,9 @@ def bwrap_argv(bwrap: str, mounts: Mounts) -> list[str]:
     size = str(mounts.tmpfs_bytes)
     argv += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
     argv += ["--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
-    argv += ["--chdir", "/tmp"]
+    # The sandbox's own root and /dev are tmpfs that bwrap leaves writable: make them
+    # read-only so that only /tmp and /dev/shm (wiped between runs) can hold files.
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
     return argv
 
 
