@@ -1,0 +1,169 @@
+"""Math answers checked with math-verify, safely: in supervised worker processes, with a deadline.
+
+    >>> with MathVerifier(timeout_s=5) as v:                       # doctest: +SKIP
+    ...     [s.correct for s in v.verify([("\\\\frac{1}{2}", "so \\\\boxed{0.5}"), ("2", "\\\\boxed{3}")])]
+    [True, False]
+
+`gold` is the reference answer as written in the data set (`\\frac{1}{2}`, `[1,3)`, `50\\%`,
+`\\{1,2\\}`, or already in `$...$` / `\\boxed{}`); `answer` is the model's whole completion, from
+which math-verify extracts the final answer (`\\boxed{}` first, then the last LaTeX or plain
+expression).
+
+Verdicts: `ok` with correct True/False (reward 1/0, component `correct`); `timeout` when the
+worker did not finish within `timeout_s`; `error` when the gold answer cannot be parsed or the
+worker crashed. The last two carry correct=None and reward 0.0: the trainer must count them (they
+are "could not verify", not "wrong"). Only `ok` verdicts are cached: a timeout under load says
+nothing about the pair.
+
+math-verify's own timeouts are switched off inside the workers (they turn a timeout into a
+silent False); the pool's deadline replaces them. Nothing here ever calls str() on a parsed
+sympy object (printing some of them hangs); logs and details carry the raw strings only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import replace
+
+from postrl.rewards.base import Score
+from postrl.rewards.composite import register_term
+from postrl.rewards.pool import WorkerPool
+
+_HANDLER = "postrl.rewards.math:verify_job"
+
+
+class GoldUnparseable(ValueError):
+    pass
+
+
+def _parse_gold(gold: str) -> list:
+    from math_verify import parse
+
+    # Bare LaTeX such as `[1,3)` or `x^2+1` is only recognised inside math delimiters.
+    text = gold if ("$" in gold or "\\boxed" in gold) else f"${gold}$"
+    parsed = parse(text, parsing_timeout=None) or parse(gold, parsing_timeout=None)
+    if not parsed:
+        raise GoldUnparseable(f"gold answer not parseable: {gold[:80]!r}")
+    return parsed
+
+
+def verify_job(job: list) -> bool:
+    """Worker-side handler: job = [gold, answer]; True when the answer matches the gold one."""
+    from math_verify import parse, verify
+
+    gold, answer = job
+    parsed_gold = _parse_gold(gold)
+    parsed_answer = parse(answer, parsing_timeout=None)
+    if not parsed_answer:
+        return False  # no answer could be extracted: wrong, not unverifiable
+    return bool(verify(parsed_gold, parsed_answer, timeout_seconds=None))
+
+
+def warmup() -> None:
+    """Import math-verify and its LaTeX grammar in the worker before it is confined."""
+    verify_job(["\\frac{1}{2}", "\\boxed{0.5}"])
+    verify_job(["[1,3)", "$\\{1, 2\\}$ and x^2"])
+
+
+def _score(status: str, value, detail: str) -> Score:
+    if status == "ok":
+        hit = bool(value)
+        return Score(float(hit), hit, "ok", {"correct": float(hit)})
+    return Score(0.0, None, status, {}, detail)
+
+
+class MathVerifier:
+    """Batched math verification over a `WorkerPool`, with an LRU cache of verdicts.
+
+    Thread-safe: any number of threads may call `verify`/`score` at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        workers: int | None = None,
+        timeout_s: float = 5.0,
+        cache_size: int = 100_000,
+        memory_mb: int = 2048,
+    ):
+        self._pool = WorkerPool(_HANDLER, workers=workers, timeout_s=timeout_s, memory_mb=memory_mb)
+        self._cache: OrderedDict[tuple[str, str], Score] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self.cache_hits = 0
+
+    @property
+    def stats(self) -> dict:
+        return {**self._pool.stats, "cache_hits": self.cache_hits, "isolation": self._pool.isolation}
+
+    def verify(self, pairs: Sequence[tuple[str, str]]) -> list[Score]:
+        """Score (gold, answer) pairs; duplicates and cached pairs are verified once."""
+        pairs = [(str(g), str(a)) for g, a in pairs]
+        known = self._lookup(pairs)
+        todo = list(dict.fromkeys(p for p in pairs if p not in known))
+        for pair, outcome in zip(todo, self._pool.map([list(p) for p in todo])):
+            known[pair] = _score(outcome.status, outcome.value, outcome.detail)
+        self._store({p: s for p, s in known.items() if s.status == "ok"})
+        # fresh copies: callers (composite rewards) add components to what they get back
+        return [replace(known[p], components=dict(known[p].components)) for p in pairs]
+
+    def score(self, tasks, responses) -> list[Score]:
+        """Domain-style batched grading: the gold answer is `task.answer`."""
+        return self.verify([(t.answer, r.text) for t, r in zip(tasks, responses, strict=True)])
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> MathVerifier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _lookup(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], Score]:
+        found = {}
+        with self._lock:
+            for p in pairs:
+                hit = self._cache.get(p)
+                if hit is not None:
+                    self._cache.move_to_end(p)
+                    found[p] = hit
+                    self.cache_hits += 1
+        return found
+
+    def _store(self, verdicts: dict[tuple[str, str], Score]) -> None:
+        with self._lock:
+            self._cache.update(verdicts)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+
+
+_default: MathVerifier | None = None
+_default_lock = threading.Lock()
+
+
+def default_verifier() -> MathVerifier:
+    """The process-wide verifier used by the `math` reward term; closed at interpreter exit."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = MathVerifier()
+            atexit.register(close_default_verifier)
+        return _default
+
+
+def close_default_verifier() -> None:
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+            _default = None
+
+
+@register_term("math")
+def math_term(tasks, responses) -> list[Score]:
+    """math-verify verdict of each completion against `task.answer` (1/0; timeouts stay visible)."""
+    return default_verifier().score(tasks, responses)

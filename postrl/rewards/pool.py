@@ -1,0 +1,243 @@
+"""A supervised pool of verifier worker processes with a hard deadline per call.
+
+    pool = WorkerPool("postrl.rewards.math:verify_job", workers=2, timeout_s=5.0)
+    outcomes = pool.map([["1/2", "\\boxed{0.5}"], ...])   # [Outcome(status, value, detail, seconds)]
+    pool.close()
+
+Why processes and not threads or signals in the caller: math-verify's own timeout is SIGALRM,
+which only works in the main thread of the main interpreter, and a hang inside C code (sympy
+evaluating `9^{9^{9^9}}` as a Python int) cannot be interrupted from Python at all. Here every
+call runs in a worker (`postrl.rewards.worker`), so the pool is safe to call from any thread,
+thread pool or actor. Each call gets `timeout_s` from the moment it is handed to a worker (time
+spent queueing for a free worker does not count): the worker interrupts itself at 80% of it, and
+if it has not answered at 100% it is SIGKILLed and replaced. The result then says `timeout`;
+a crash says `error`. Neither is ever reported as a verdict.
+
+Workers start lazily on first use and are killed by `close()`, when the pool is garbage
+collected, or when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SOFT_FRACTION = 0.8  # of timeout_s: the worker's own interrupt, before the parent's kill
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    """ok | timeout | error"""
+    value: Any
+    """The handler's JSON result when status is ok, else None."""
+    detail: str = ""
+    seconds: float = 0.0
+    """Wall time from hand-off to answer (or to the kill)."""
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+class _Worker:
+    def __init__(self, spec: dict, procs: set):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "postrl.rewards.worker", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # a Ctrl-C in the trainer's terminal is the trainer's to handle
+        )
+        self._procs = procs
+        procs.add(self.proc)
+        self._buf = b""
+        self._poll = select.poll()
+        self._poll.register(self.proc.stdout.fileno(), select.POLLIN | select.POLLHUP)
+        self.ready = False
+        self.isolation = "unknown"
+        self._next_id = 0
+
+    def wait_ready(self, timeout_s: float) -> None:
+        msg = self._read(time.monotonic() + timeout_s)
+        if msg is None or not msg.get("ready"):
+            detail = "no answer" if msg is None else msg.get("detail", "")
+            self.kill()
+            raise RuntimeError(f"verifier worker failed to start: {detail}")
+        self.ready, self.isolation = True, msg["isolation"]
+
+    def request(self, job: Any, timeout_s: float) -> dict | None:
+        """The worker's answer, or None when the deadline passed (the worker is then useless)."""
+        self._next_id += 1
+        line = json.dumps({"id": self._next_id, "job": job}) + "\n"
+        try:
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise _WorkerDied(f"worker gone before the call ({type(e).__name__})") from e
+        msg = self._read(time.monotonic() + timeout_s)
+        if msg is not None and msg.get("id") != self._next_id:
+            raise _WorkerDied("worker answered out of order")
+        return msg
+
+    def _read(self, deadline: float) -> dict | None:
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            remaining_ms = (deadline - time.monotonic()) * 1000
+            if remaining_ms <= 0 or not self._poll.poll(remaining_ms):
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise _WorkerDied(f"worker exited (code {self.proc.wait()})")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            return json.loads(line)
+        except ValueError as e:
+            raise _WorkerDied("worker sent a malformed line") from e
+
+    def kill(self) -> None:
+        _kill(self.proc)
+        self._procs.discard(self.proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+def _kill_all(procs: set) -> None:
+    for proc in list(procs):
+        _kill(proc)
+    procs.clear()
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        handler: str,
+        *,
+        workers: int | None = None,
+        timeout_s: float = 5.0,
+        memory_mb: int = 2048,
+        confine: bool = True,
+        startup_timeout_s: float = 120.0,
+    ):
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.workers = workers or os.cpu_count() or 1
+        self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self._spec = {
+            "handler": handler,
+            "soft_timeout_s": timeout_s * _SOFT_FRACTION,
+            "memory_mb": memory_mb,
+            "confine": confine,
+        }
+        self._procs: set = set()
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
+        self.stats = {"calls": 0, "ok": 0, "timeout": 0, "error": 0, "respawns": 0}
+        self.isolation = "not started"
+        self._finalizer = weakref.finalize(self, _kill_all, self._procs)
+
+    def map(self, jobs: list[Any]) -> list[Outcome]:
+        """Run every job, concurrently over the workers; outcomes in the order of `jobs`."""
+        if len(jobs) <= 1:
+            return [self.call(job) for job in jobs]
+        return list(self._pool().map(self.call, jobs))
+
+    def call(self, job: Any) -> Outcome:
+        worker = self._acquire()
+        try:
+            outcome, worker = self._call_on(worker, job)
+        finally:
+            self._idle.put(worker)
+        with self._lock:
+            self.stats["calls"] += 1
+            self.stats[outcome.status] += 1
+        return outcome
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+        self._finalizer()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call_on(self, worker: _Worker, job: Any) -> tuple[Outcome, _Worker]:
+        t0 = time.monotonic()
+        try:
+            msg = worker.request(job, self.timeout_s)
+        except _WorkerDied as e:
+            return Outcome("error", None, str(e), time.monotonic() - t0), self._replace(worker)
+        seconds = time.monotonic() - t0
+        if msg is None:
+            detail = f"killed at the {self.timeout_s:g}s deadline"
+            return Outcome("timeout", None, detail, seconds), self._replace(worker)
+        return Outcome(msg["status"], msg["value"], msg["detail"], seconds), worker
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        worker.kill()
+        with self._lock:
+            self.stats["respawns"] += 1
+        return _Worker(self._spec, self._procs)
+
+    def _acquire(self) -> _Worker:
+        self._start_workers()
+        worker = self._idle.get()
+        if not worker.ready:
+            try:
+                worker.wait_ready(self.startup_timeout_s)
+            except (RuntimeError, _WorkerDied):
+                worker.kill()
+                self._idle.put(_Worker(self._spec, self._procs))
+                raise
+            self.isolation = worker.isolation
+        return worker
+
+    def _start_workers(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("WorkerPool is closed")
+            if self._idle.qsize() or self._procs:
+                return
+            for _ in range(self.workers):
+                self._idle.put(_Worker(self._spec, self._procs))
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="verify")
+            return self._executor

@@ -1,0 +1,106 @@
+"""Entry point of one verifier worker process: `python -m postrl.rewards.worker SPEC_JSON`.
+
+Started and supervised by `postrl.rewards.pool.WorkerPool`. SPEC names a handler
+("module:function", called with one JSON job, returning a JSON value) and the soft deadline.
+
+Protocol, one JSON object per line: jobs `{"id": n, "job": ...}` arrive on stdin; results
+`{"id": n, "status": "ok"|"timeout"|"error", "value": ..., "detail": "..."}` leave on the
+process's original stdout, which is kept private (fd 1 is pointed at stderr so that a stray
+print in a library cannot corrupt the stream). JSON both ways: the parent never unpickles what
+a worker, which runs untrusted answers, sends it.
+
+The soft deadline is an interval timer raising `_Deadline` (a BaseException, so libraries'
+`except Exception` blocks cannot swallow it): it stops Python-level hangs without losing the
+worker. A hang inside C code (a huge integer power) does not see the signal; the parent kills
+the worker at its hard deadline instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+
+class _Deadline(BaseException):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Deadline
+
+
+def _describe(exc: BaseException) -> str:
+    # Only string arguments are shown: str() of a sympy object in an exception can itself hang.
+    text = "; ".join(a for a in exc.args if isinstance(a, str))
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
+
+
+def _run(handler, job, soft_timeout_s: float) -> tuple[str, object, str]:
+    signal.setitimer(signal.ITIMER_REAL, soft_timeout_s)
+    try:
+        return "ok", handler(job), ""
+    except _Deadline:
+        return "timeout", None, f"interrupted after {soft_timeout_s:.2f}s"
+    except MemoryError:
+        return "error", None, "MemoryError (worker memory cap)"
+    except Exception as e:  # noqa: BLE001 - any failure of the scorer is reported, not raised
+        return "error", None, _describe(e)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _write(out, obj: dict) -> None:
+    out.write((json.dumps(obj) + "\n").encode())
+    out.flush()
+
+
+def _load(spec: dict):
+    module, _, func = spec["handler"].partition(":")
+    mod = importlib.import_module(module)
+    warmup = getattr(mod, "warmup", None)
+    if warmup is not None:
+        warmup()  # lazy imports and caches are filled before confinement forbids writes
+    return getattr(mod, func)
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    logging.disable(logging.WARNING)  # math-verify warns on every timeout; verdicts go to the parent
+    try:
+        handler = _load(spec)
+        level = "none"
+        if spec.get("confine", True):
+            from postrl.rewards.confine import confine
+
+            level = confine(int(spec["memory_mb"]))
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+        _write(out, {"ready": False, "detail": _describe(e)})
+        return 1
+    signal.signal(signal.SIGALRM, _on_alarm)
+    _write(out, {"ready": True, "isolation": level, "pid": os.getpid()})
+    soft = float(spec["soft_timeout_s"])
+    for line in sys.stdin.buffer:
+        msg = json.loads(line)
+        t0 = time.perf_counter()
+        try:
+            status, value, detail = _run(handler, msg["job"], soft)
+        except _Deadline:  # the timer fired between the handler's return and its cancellation
+            status, value, detail = "timeout", None, "interrupted at the deadline"
+        result = {"id": msg["id"], "status": status, "value": value, "detail": detail,
+                  "seconds": time.perf_counter() - t0}
+        try:
+            _write(out, result)
+        except (TypeError, ValueError):
+            _write(out, {**result, "status": "error", "value": None, "detail": "result is not JSON"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

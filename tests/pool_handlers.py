@@ -1,0 +1,32 @@
+"""Handlers run inside `postrl.rewards.pool` workers by tests/test_rewards_pool.py."""
+
+import os
+import signal
+
+
+def echo(job):
+    return job
+
+
+def spin_deaf(job):
+    """Busy-loop with SIGALRM blocked: what a hang inside C code looks like to the worker."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    while True:
+        pass
+
+
+def sleep_forever(job):
+    """A Python-level hang (the worker's own soft deadline interrupts it)."""
+    while True:
+        signal.pause()
+
+
+def crash(job):
+    os._exit(3)
+
+
+def write_file(job):
+    """Try to create `job` (a path): the confined worker must refuse."""
+    with open(job, "w") as f:
+        f.write("x")
+    return "written"

@@ -1,0 +1,91 @@
+"""The supervised worker pool: deadlines, kills, crashes, confinement, threads."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from postrl.rewards.pool import WorkerPool
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def handlers_on_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+
+
+def test_map_keeps_order_and_values(handlers_on_path):
+    with WorkerPool("pool_handlers:echo", workers=2, timeout_s=5) as pool:
+        out = pool.map([[i, "x"] for i in range(20)])
+    assert [o.value for o in out] == [[i, "x"] for i in range(20)]
+    assert {o.status for o in out} == {"ok"}
+
+
+def test_hang_the_worker_cannot_interrupt_is_killed_and_replaced(handlers_on_path):
+    with WorkerPool("pool_handlers:spin_deaf", workers=1, timeout_s=1.0) as pool:
+        first = pool.call(None)
+        assert (first.status, first.value) == ("timeout", None)
+        assert "killed" in first.detail
+        assert pool.stats["respawns"] == 1
+        second = pool.call(None)  # a fresh worker took its place and hangs (and dies) the same way
+        assert second.status == "timeout" and pool.stats["respawns"] == 2
+
+
+def test_python_level_hang_is_interrupted_without_losing_the_worker(handlers_on_path):
+    with WorkerPool("pool_handlers:sleep_forever", workers=1, timeout_s=1.0) as pool:
+        out = pool.call(None)
+        assert out.status == "timeout" and "interrupted" in out.detail
+        assert pool.stats["respawns"] == 0
+
+
+def test_crashed_worker_is_an_error_and_is_replaced(handlers_on_path):
+    with WorkerPool("pool_handlers:crash", workers=1, timeout_s=5) as pool:
+        out = pool.call(None)
+        assert out.status == "error" and "exited" in out.detail
+        assert pool.stats["respawns"] == 1
+
+
+def test_confined_worker_cannot_create_files(handlers_on_path, tmp_path):
+    target = tmp_path / "pwned.txt"
+    with WorkerPool("pool_handlers:write_file", workers=1, timeout_s=5) as pool:
+        out = pool.call(str(target))
+        assert out.status == "error" and "PermissionError" in out.detail
+        assert pool.isolation in ("seccomp", "rlimits+audit")
+    assert not target.exists()
+    # control: the same handler without confinement does write, so the check above can fail
+    with WorkerPool("pool_handlers:write_file", workers=1, timeout_s=5, confine=False) as pool:
+        assert pool.call(str(target)).value == "written"
+    assert target.exists()
+
+
+def test_callable_from_many_threads(handlers_on_path):
+    results = {}
+    with WorkerPool("pool_handlers:echo", workers=2, timeout_s=5) as pool:
+        def work(k):
+            results[k] = [o.value for o in pool.map(list(range(k, k + 5)))]
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert results == {k: list(range(k, k + 5)) for k in range(4)}
+
+
+def test_closed_pool_kills_workers_and_refuses_calls(handlers_on_path):
+    pool = WorkerPool("pool_handlers:echo", workers=2, timeout_s=5)
+    pool.map([1, 2])
+    procs = list(pool._procs)
+    pool.close()
+    assert all(p.poll() is not None for p in procs)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.call(1)
+
+
+def test_unknown_handler_fails_loudly():
+    with WorkerPool("postrl.rewards.nonexistent:f", workers=1, timeout_s=5) as pool:
+        with pytest.raises(RuntimeError, match="failed to start"):
+            pool.call(1)
