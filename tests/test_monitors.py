@@ -309,3 +309,20 @@ def test_run_config_monitor_section_matches_these_settings():
     if not hasattr(config, "MonitorConfig"):
         pytest.skip("postrl.config has no monitor section yet")
     assert _shape(config.MonitorConfig) == _shape(MonitorConfig)
+
+
+def test_monitor_settings_load_through_the_config_loader():
+    """The settings use only types postrl.config can load from YAML and dotted overrides."""
+    from postrl.config import ConfigError, from_dict
+
+    cfg = from_dict(MonitorConfig, {
+        "sinks": ["tensorboard", "mlflow"],
+        "kl_spike": {"max_kl": 2, "action": "rollback"},
+        "verifier_disagreement": {"pairs": {"reward/arith": "pass_rate/arith"}},
+        "test_tampering": {"protected_names": ["check"]},
+    }, "monitor.")
+    assert cfg.kl_spike.max_kl == 2.0 and cfg.kl_spike.action == "rollback"
+    assert cfg.verifier_disagreement.pairs == {"reward/arith": "pass_rate/arith"}
+    assert build_monitors(cfg).monitors["kl_spike"].cfg.max_kl == 2.0
+    with pytest.raises(ConfigError, match="monitor.kl_spike.max_k"):
+        from_dict(MonitorConfig, {"kl_spike": {"max_k": 1}}, "monitor.")

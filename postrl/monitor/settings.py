@@ -1,0 +1,152 @@
+"""Settings of the monitors and sinks: the `monitor:` section of the run config.
+
+Plain dataclasses in the style of `postrl.config` (the docstring under each field is its help
+text), kept free of imports so that `postrl/config.py` can hold this exact source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EntropyCollapseConfig:
+    enabled: bool = True
+    """Watch mean token entropy for collapse."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    min_entropy: float = 0.05
+    """Absolute floor, nats per token."""
+    min_fraction_of_initial: float = 0.1
+    """Also fire below this share of the first observed entropy."""
+    patience_steps: int = 3
+    """Consecutive low steps before firing."""
+
+
+@dataclass
+class KlSpikeConfig:
+    enabled: bool = True
+    """Watch KL to the reference for spikes."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    max_kl: float = 1.0
+    """Absolute ceiling on kl/mean, nats per token."""
+    spike_factor: float = 5.0
+    """Fire when kl/mean exceeds this multiple of its running mean."""
+    floor_kl: float = 0.02
+    """Running means below this count as this, so noise around zero is not a spike."""
+    ema_beta: float = 0.9
+    """Smoothing of the running mean (higher = longer memory)."""
+    warmup_steps: int = 3
+    """Steps observed before the relative test applies."""
+
+
+@dataclass
+class LengthDriftConfig:
+    enabled: bool = True
+    """Watch for completions growing while the pass rate stays flat."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    window_steps: int = 12
+    """Steps compared: the first third of the window against the last third."""
+    max_growth: float = 0.5
+    """Relative length growth that counts as drift (0.5 = +50%)."""
+    min_pass_gain: float = 0.02
+    """Pass-rate gain (absolute) over the same window that would justify the growth."""
+
+
+@dataclass
+class VerifierDisagreementConfig:
+    enabled: bool = True
+    """Watch for a training metric rising while a stricter or held-out check does not follow."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    pairs: dict[str, str] = field(default_factory=lambda: {"reward/mean": "pass_rate"})
+    """Training metric -> held-out/stricter metric on a comparable scale (both in [0, 1])."""
+    window_steps: int = 12
+    """Steps over which each metric's rise is measured (least-squares slope x window)."""
+    min_rise: float = 0.1
+    """Rise of the training metric over the window that asks for confirmation."""
+    min_agreement: float = 0.25
+    """The held-out metric must rise by at least this share of the training metric's rise."""
+    min_points: int = 3
+    """Observations of each metric inside the window before judging."""
+
+
+@dataclass
+class FormatShareConfig:
+    enabled: bool = True
+    """Watch the share of positive reward earned by format-only reward terms."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    prefixes: list[str] = field(default_factory=lambda: ["format"])
+    """Reward terms whose name starts with one of these reward form, not correctness (format_boxed, ...)."""
+    max_share: float = 0.5
+    """Fire when these terms earn more than this share of all positive reward."""
+    patience_steps: int = 2
+    """Consecutive steps above the share before firing."""
+
+
+@dataclass
+class RepetitionConfig:
+    enabled: bool = True
+    """Watch for completions that repeat their own n-grams."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    ngram: int = 4
+    """n-gram length, in tokens."""
+    max_repeat_fraction: float = 0.5
+    """A completion is repetitive when this share of its n-grams are repeats."""
+    max_repetitive_share: float = 0.25
+    """Fire when more than this share of a step's completions are repetitive."""
+    patience_steps: int = 2
+    """Consecutive steps above the share before firing."""
+
+
+@dataclass
+class TamperingConfig:
+    enabled: bool = True
+    """Watch completions for code that tampers with the tests that grade it."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    protected_names: list[str] = field(
+        default_factory=lambda: ["check", "candidate", "AssertionError", "__eq__"]
+    )
+    """Names a solution must not define, assign or import as (test harness names, equality hooks)."""
+    forbidden: list[str] = field(
+        default_factory=lambda: [
+            "sys.exit", "os._exit", "exit(", "quit(", "SystemExit", "unittest", "pytest",
+            "sys._getframe", "inspect.", "setattr(", "signal.", "builtins", "__builtins__",
+        ]
+    )
+    """Substrings (word-bounded at the start) that exit early, patch, or inspect the test harness."""
+    min_samples: int = 1
+    """Fire when at least this many completions in a step tamper."""
+
+
+@dataclass
+class NonFiniteConfig:
+    enabled: bool = True
+    """Watch training scalars for NaN and inf."""
+    action: str = "stop"
+    """warn | stop | rollback."""
+    metrics: list[str] = field(default_factory=lambda: ["loss", "grad_norm"])
+    """Metric names that must stay finite."""
+
+
+@dataclass
+class MonitorConfig:
+    sinks: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Metric sinks besides metrics.jsonl (always written): tensorboard, mlflow, wandb."""
+    spot_check_every_steps: int = 10
+    """Dump highest/lowest/random samples to samples/step_N.md every N steps (0 = never)."""
+    spot_check_k: int = 3
+    """Samples of each kind (highest, lowest, random) per spot check."""
+    entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
+    kl_spike: KlSpikeConfig = field(default_factory=KlSpikeConfig)
+    length_drift: LengthDriftConfig = field(default_factory=LengthDriftConfig)
+    verifier_disagreement: VerifierDisagreementConfig = field(default_factory=VerifierDisagreementConfig)
+    format_share: FormatShareConfig = field(default_factory=FormatShareConfig)
+    repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
+    test_tampering: TamperingConfig = field(default_factory=TamperingConfig)
+    non_finite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
