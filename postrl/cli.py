@@ -13,7 +13,7 @@ import sys
 
 from postrl.errors import UserError
 
-COMMANDS = ["train", "eval", "pretrain", "plan", "rollouts", "report", "verify", "reward_check", "rm"]
+COMMANDS = ["train", "eval", "pretrain", "plan", "rollouts", "report", "verify", "reward_check", "rm", "sandbox"]
 
 
 def build_parser() -> argparse.ArgumentParser:
