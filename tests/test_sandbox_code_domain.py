@@ -62,7 +62,7 @@ def test_generated_scoring(gen):
     assert wrong.correct is False and wrong.reward == pytest.approx(0.2) and wrong.status == "ok"
     broken = gen.score(tasks[:1], [Response("x +* 2", "length")])[0]
     assert broken.reward == 0.0 and broken.components["compiles"] == 0.0
-    slow = gen.score(tasks[:1], [Response("[0 for _ in iter(int, 1)]", "stop")])[0]
+    slow = gen.score(tasks[:1], [Response("next(v for v in iter(int, 1) if v)", "stop")])[0]
     assert slow.components["penalty_timeout"] == 1.0 and slow.reward == pytest.approx(0.2 - 0.1)
 
 
