@@ -20,10 +20,23 @@ from typing import Any
 import yaml
 
 from postrl.errors import UserError
+from postrl.monitor.settings import MonitorConfig  # import-free settings module, owned by monitor/
 
 
 class ConfigError(UserError):
     """A config problem a user can fix; the CLI prints it as one line and exits 2."""
+
+
+@dataclass
+class LoraConfig:
+    r: int = 0
+    """LoRA rank; 0 trains all weights (no adapters)."""
+    alpha: float = 16.0
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names that get adapters."""
 
 
 @dataclass
@@ -32,6 +45,11 @@ class ModelConfig:
     """HF model directory, GGUF file, or a built-in name ('tiny-arith' is pretrained on first use)."""
     dtype: str = "float32"
     """Parameter dtype for training: float32 or bfloat16."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    micro_batch_size: int = 0
+    """Completions per forward/backward inside a minibatch (gradients accumulate); 0 = whole minibatch."""
 
 
 @dataclass
@@ -42,6 +60,8 @@ class DomainConfig:
     """Domain-specific settings, validated by the domain itself (e.g. arith's `levels`)."""
     reward: dict[str, float] = field(default_factory=dict)
     """Weighted reward terms, e.g. {compiles: 0.2, tests: 0.8}; empty = the domain's own reward."""
+    temperature: float = 0.0
+    """Sampling temperature for this domain (0 = train.temperature)."""
 
 
 @dataclass
@@ -56,6 +76,8 @@ class TrainConfig:
     """Longest completion, in tokens."""
     temperature: float = 1.0
     """Sampling temperature during training."""
+    temperatures: list[float] = field(default_factory=list)
+    """Multi-temperature sampling: the samples of each group cycle through these (empty = off)."""
     top_p: float = 1.0
     """Nucleus sampling mass during training (1.0 = off)."""
     lr: float = 1e-4
@@ -90,6 +112,12 @@ class RLConfig:
     """Weight of the KL penalty to the frozen reference policy (0 disables the reference)."""
     kl_estimator: str = "k3"
     """KL estimator: k1, k2 or k3 (Schulman's unbiased, non-negative estimator)."""
+    kl_in: str = "loss"
+    """Where the KL penalty goes: loss (GRPO) or reward (PPO-RLHF: -coef * KL(sequence) per sample)."""
+    kl_target: float = 0.0
+    """Adaptive KL controller target per token (0 = fixed coefficient)."""
+    kl_horizon: int = 20
+    """Adaptive controller horizon in steps: how fast the coefficient follows the target."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (0 = off)."""
 
@@ -106,12 +134,16 @@ class EvalConfig:
     """Held-out problems per domain."""
     temperature: float = 1.0
     """Sampling temperature for pass@k."""
+    best_metric: str = "pass@1"
+    """Eval metric, averaged over domains, that picks the best checkpoint."""
 
 
 @dataclass
 class CheckpointConfig:
     every_steps: int = 0
     """Write a full-state checkpoint every N steps (0 = never, only final/)."""
+    keep_last: int = 2
+    """Checkpoints kept besides the best one."""
 
 
 @dataclass
@@ -145,6 +177,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 
 # ---------------------------------------------------------------------------- loading
@@ -297,6 +330,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"config key 'rl.loss_agg' = {cfg.rl.loss_agg!r}: expected token-mean or seq-mean-token-mean"
         )
+    if cfg.rl.kl_in not in ("loss", "reward"):
+        raise ConfigError(f"config key 'rl.kl_in' = {cfg.rl.kl_in!r}: expected loss or reward")
     if cfg.rl.kl_estimator not in ("k1", "k2", "k3"):
         raise ConfigError(f"config key 'rl.kl_estimator' = {cfg.rl.kl_estimator!r}: expected k1, k2 or k3")
     if cfg.engine != "local":

@@ -1,4 +1,4 @@
-"""postrl train [RECIPE.yaml] [dotted.key=value ...]"""
+"""postrl train [RECIPE.yaml] [dotted.key=value ...]  |  postrl train --resume RUN_DIR [overrides]"""
 
 from __future__ import annotations
 
@@ -7,15 +7,21 @@ def add_parser(sub) -> None:
     p = sub.add_parser("train", help="RL post-training from a recipe", description=__doc__)
     p.add_argument("recipe", nargs="?", help="YAML recipe (default: built-in defaults)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.kl_coef=0.02")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest intact checkpoint")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from postrl.config import load_config
-    from postrl.train import train
+    from postrl.train import resume_config, train
 
     recipe, overrides = args.recipe, list(args.overrides)
     if recipe is not None and "=" in recipe and not recipe.endswith((".yaml", ".yml")):
         recipe, overrides = None, [recipe, *overrides]  # `postrl train key=value` without a recipe
-    train(load_config(recipe, overrides))
+    if args.resume:
+        if recipe is not None:
+            overrides = [recipe, *overrides]
+        train(resume_config(args.resume, overrides), resume=True)
+    else:
+        train(load_config(recipe, overrides))
     return 0

@@ -142,6 +142,10 @@ class MonitorConfig:
     """Dump highest/lowest/random samples to samples/step_N.md every N steps (0 = never)."""
     spot_check_k: int = 3
     """Samples of each kind (highest, lowest, random) per spot check."""
+    rollback_lr_factor: float = 0.5
+    """On a `rollback` alert the learning rate is multiplied by this after restoring the last checkpoint."""
+    max_rollbacks: int = 2
+    """Rollbacks allowed in one run; past this a rollback alert stops the run instead."""
     entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
     kl_spike: KlSpikeConfig = field(default_factory=KlSpikeConfig)
     length_drift: LengthDriftConfig = field(default_factory=LengthDriftConfig)

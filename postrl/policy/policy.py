@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -31,30 +32,45 @@ class Policy:
 
     @torch.no_grad()
     def sample(
-        self, tasks: list[Task], n: int, params: GenParams, generator: torch.Generator | None = None
+        self,
+        tasks: list[Task],
+        n: int,
+        params: GenParams,
+        generator: torch.Generator | None = None,
+        temperatures: list[float] | None = None,
     ) -> list[Sample]:
-        """n completions per task, grouped: samples [i*n : (i+1)*n] belong to tasks[i] (group i)."""
+        """n completions per task, grouped: samples [i*n : (i+1)*n] belong to tasks[i] (group i).
+
+        `temperatures` (one per sample) overrides params.temperature; samples that share a
+        temperature are generated together, in a fixed order, so the draws stay deterministic."""
         was_training = self.model.training
         self.model.eval()
         encoded = [self.encode_prompt(t.prompt) for t in tasks]
         flat = [(g, task, ids) for g, (task, ids) in enumerate(zip(tasks, encoded)) for _ in range(n)]
-        samples: list[Sample] = []
-        for start in range(0, len(flat), self.max_batch):
-            chunk = flat[start : start + self.max_batch]
-            t0 = time.perf_counter()
-            gens = generate(
-                self.model, [ids for _, _, ids in chunk], params, self.tok.eos_token_id, self.tok.pad_token_id,
-                generator=generator, decode=self.decode,
-            )
-            share = (time.perf_counter() - t0) / len(chunk)
-            for (g, task, ids), gen in zip(chunk, gens):
-                text = self.decode(gen.token_ids)
-                for stop in params.stop_strings:
-                    text = text.split(stop, 1)[0]
-                samples.append(Sample(
-                    task=task, group=g, prompt_ids=ids, completion_ids=gen.token_ids, logprobs=gen.logprobs,
-                    text=text, finish_reason=gen.finish_reason, temperature=params.temperature,
-                    policy_version=self.version, timings={"sample_s": share},
-                ))
+        temps = temperatures or [params.temperature] * len(flat)
+        out: list[Sample | None] = [None] * len(flat)
+        for temp in sorted(set(temps)):
+            idx = [i for i, t in enumerate(temps) if t == temp]
+            for start in range(0, len(idx), self.max_batch):
+                chunk = idx[start : start + self.max_batch]
+                self._generate_into(out, chunk, flat, replace(params, temperature=temp), generator)
         self.model.train(was_training)
-        return samples
+        return out
+
+    def _generate_into(self, out, chunk: list[int], flat, params: GenParams, generator) -> None:
+        t0 = time.perf_counter()
+        gens = generate(
+            self.model, [flat[i][2] for i in chunk], params, self.tok.eos_token_id, self.tok.pad_token_id,
+            generator=generator, decode=self.decode,
+        )
+        share = (time.perf_counter() - t0) / len(chunk)
+        for i, gen in zip(chunk, gens):
+            g, task, ids = flat[i]
+            text = self.decode(gen.token_ids)
+            for stop in params.stop_strings:
+                text = text.split(stop, 1)[0]
+            out[i] = Sample(
+                task=task, group=g, prompt_ids=ids, completion_ids=gen.token_ids, logprobs=gen.logprobs,
+                text=text, finish_reason=gen.finish_reason, temperature=params.temperature,
+                policy_version=self.version, timings={"sample_s": share},
+            )

@@ -1,8 +1,9 @@
 """The update: clipped policy gradient with a KL penalty, over a step's samples.
 
     learner = Learner(policy, ref_model, cfg.train, cfg.rl)
-    batch = learner.build_batch(samples)      # tensors; reference log-probs computed once here
-    stats = learner.update(batch, generator)  # ppo_epochs x minibatches optimiser steps
+    batch = learner.build_batch(samples)               # tensors; reference log-probs computed once here
+    batch.advantages = ...                             # [B], from the step's rewards
+    stats = learner.update(batch, kl_coef, generator)  # ppo_epochs x minibatches optimiser steps
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class UpdateStats:
     grad_norm: float
     lr: float
     optimizer_steps: int
+    sample_entropy: list[float]
+    """Mean token entropy of each completion, from the first pass (for per-domain metrics)."""
 
 
 class Learner:
@@ -60,16 +63,18 @@ class Learner:
         if self.ref_model is not None and self.rl.kl_coef > 0:
             with torch.no_grad():
                 ref, _ = token_logprobs(self.ref_model, ids, attn, temps)
-        adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+        adv = torch.zeros(len(samples))  # filled in from the rewards by the loop
         return Batch(ids, attn, loss_mask, old, ref, adv, temps)
 
-    def update(self, batch: Batch, generator: torch.Generator) -> UpdateStats:
+    def update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
         model, rl = self.policy.model, self.rl
+        kl_in_loss = rl.kl_in == "loss"
+        sample_entropy = torch.zeros(batch.input_ids.shape[0])
         model.train()
         size = batch.input_ids.shape[0] // self.train_cfg.minibatches
         totals: dict[str, float] = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ent": 0.0, "clip": 0.0, "gn": 0.0}
         kl_max, steps = 0.0, 0
-        for _ in range(self.train_cfg.ppo_epochs):
+        for epoch in range(self.train_cfg.ppo_epochs):
             order = torch.randperm(batch.input_ids.shape[0], generator=generator)
             for start in range(0, len(order), size):
                 mb = order[start : start + size]
@@ -82,11 +87,14 @@ class Learner:
                 )
                 pg, st = self.loss_fn(logp, old, batch.advantages[mb], mask, rl.clip_low, rl.clip_high, rl.loss_agg)
                 loss, ent_mean = pg, aggregate(ent, mask, rl.loss_agg)
+                if epoch == 0:
+                    sample_entropy[mb] = ((ent * mask).sum(-1) / mask.sum(-1).clamp(min=1)).detach()
                 kl_mean = torch.zeros(())
                 if batch.ref_logprobs is not None:
                     kl = kl_estimate(logp, batch.ref_logprobs[mb, : width - 1], rl.kl_estimator)  # [b, t]
                     kl_mean = aggregate(kl, mask, rl.loss_agg)
-                    loss = loss + rl.kl_coef * kl_mean
+                    if kl_in_loss:
+                        loss = loss + kl_coef * kl_mean
                     kl_max = max(kl_max, float((kl.detach() * mask).max()))
                 if rl.entropy_coef > 0:
                     loss = loss - rl.entropy_coef * ent_mean
@@ -104,5 +112,5 @@ class Learner:
         return UpdateStats(
             loss=totals["loss"] / steps, pg_loss=totals["pg"] / steps, kl_mean=totals["kl"] / steps, kl_max=kl_max,
             entropy=totals["ent"] / steps, clip_frac=totals["clip"] / steps, grad_norm=totals["gn"] / steps,
-            lr=self.sched.get_last_lr()[0], optimizer_steps=steps,
+            lr=self.sched.get_last_lr()[0], optimizer_steps=steps, sample_entropy=sample_entropy.tolist(),
         )

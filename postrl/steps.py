@@ -1,0 +1,124 @@
+"""The parts of one training step that are not model code: rewards, advantages, metrics, eval."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from postrl.algo.advantages import ADVANTAGES
+from postrl.algo.losses import kl_estimate
+from postrl.config import Config
+from postrl.evaluate import evaluate
+from postrl.policy.update import UpdateStats
+from postrl.records import Batch, Sample
+from postrl.rewards.composite import apply_terms
+from postrl.tasks.base import Domain, Task
+
+if TYPE_CHECKING:
+    from postrl.run import Run
+
+
+def sample_temperatures(tasks: list[Task], n: int, cfg: Config) -> list[float]:
+    """One temperature per sample: train.temperatures cycles within each group (multi-temperature
+    sampling); otherwise the domain's own temperature, else train.temperature."""
+    temps = []
+    for task in tasks:
+        own = cfg.domains[task.domain].temperature if task.domain in cfg.domains else 0.0
+        for j in range(n):
+            if cfg.train.temperatures:
+                temps.append(cfg.train.temperatures[j % len(cfg.train.temperatures)])
+            else:
+                temps.append(own or cfg.train.temperature)
+    return temps
+
+
+def score_samples(samples: list[Sample], domains: dict[str, Domain], cfg: Config) -> None:
+    """Grade every sample with its own domain (one batched call per domain), then apply the
+    recipe's weighted reward terms for that domain."""
+    by_domain: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_domain.setdefault(s.task.domain, []).append(s)
+    for name, group in by_domain.items():
+        t0 = time.perf_counter()
+        tasks, responses = [s.task for s in group], [s.response for s in group]
+        scores = domains[name].score(tasks, responses)
+        scores = apply_terms(cfg.domains[name].reward, tasks, responses, scores)
+        share = (time.perf_counter() - t0) / len(group)
+        for s, sc in zip(group, scores):
+            s.score = sc
+            s.timings["reward_s"] = share
+
+
+def assign_advantages(samples: list[Sample], batch: Batch, cfg: Config, kl_coef: float) -> None:
+    """Group-relative advantages into each sample and into `batch.advantages`.
+
+    With `rl.kl_in: reward` each sample's reward is first reduced by kl_coef times its sequence
+    KL to the reference (summed over tokens, measured on the behaviour log-probs), as in PPO-RLHF;
+    the verifier's reward stays in `score.reward` and the penalty is logged as `kl_penalty`.
+    """
+    n = cfg.train.samples_per_prompt
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)  # [B]
+    if cfg.rl.kl_in == "reward" and batch.ref_logprobs is not None:
+        kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.rl.kl_estimator)  # [B, T-1]
+        penalty = kl_coef * (kl * batch.loss_mask).sum(-1)  # [B]
+        rewards = rewards - penalty
+        for s, p in zip(samples, penalty.tolist()):
+            s.score.components["kl_penalty"] = -p
+    adv = ADVANTAGES.get(cfg.rl.advantage)(rewards.view(-1, n), scale_by_std=cfg.rl.scale_by_std).flatten()
+    batch.advantages = adv
+    for s, a in zip(samples, adv.tolist()):
+        s.advantage = a
+
+
+def step_metrics(
+    samples: list[Sample], stats: UpdateStats, seconds: tuple[float, float, float], kl_coef: float,
+    domain_weights: dict[str, float],
+) -> dict[str, float]:
+    sample_s, reward_s, update_s = seconds
+    n_tokens = sum(len(s.completion_ids) for s in samples)
+    m = {
+        "reward/mean": mean(s.reward for s in samples),
+        "pass_rate": mean(bool(s.score and s.score.correct) for s in samples),
+        "kl/mean": stats.kl_mean, "kl/max": stats.kl_max, "kl/coef": kl_coef,
+        "entropy": stats.entropy, "clip_frac": stats.clip_frac,
+        "response_len/mean": n_tokens / len(samples),
+        "tokens_per_s": n_tokens / max(sample_s, 1e-9),
+        "time/sample_s": sample_s, "time/reward_s": reward_s, "time/update_s": update_s,
+        "loss": stats.loss, "pg_loss": stats.pg_loss, "grad_norm": stats.grad_norm, "lr": stats.lr,
+        "verifier/unverified": mean(s.score is not None and s.score.status != "ok" for s in samples),
+    }
+    for name in sorted({s.task.domain for s in samples}):
+        idx = [i for i, s in enumerate(samples) if s.task.domain == name]
+        m[f"reward/{name}"] = mean(samples[i].reward for i in idx)
+        m[f"pass_rate/{name}"] = mean(bool(samples[i].score and samples[i].score.correct) for i in idx)
+        m[f"entropy/{name}"] = mean(stats.sample_entropy[i] for i in idx)
+        m[f"batch/{name}"] = len(idx) / len(samples)
+    total_w = sum(domain_weights.values())
+    for name, w in domain_weights.items():
+        m[f"curriculum/weight/{name}"] = w / total_w
+    return m
+
+
+def run_eval(run: Run, step: int) -> float:
+    """Evaluate every domain's held-out split, write eval/step_N.json; returns the best-checkpoint score."""
+    cfg, e = run.cfg, run.cfg.eval
+    result = evaluate(
+        run.policy, run.domains, num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
+        temperature=e.temperature, max_new_tokens=cfg.train.max_new_tokens, seed=cfg.seed,
+    )
+    (run.dir / "eval").mkdir(exist_ok=True)
+    (run.dir / "eval" / f"step_{step}.json").write_text(json.dumps(result, indent=1))
+    run.log(f"eval step {step}: " + "; ".join(f"{d}: {fmt_scores(r)}" for d, r in result.items()))
+    return mean(r[e.best_metric] for r in result.values() if e.best_metric in r)
+
+
+def mean(values) -> float:
+    values = [float(v) for v in values]
+    return sum(values) / len(values) if values else 0.0
+
+
+def fmt_scores(r: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.3f}" for k, v in r.items() if k == "greedy" or k.startswith("pass@"))
