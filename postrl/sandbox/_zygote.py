@@ -97,6 +97,18 @@ def _setup(init):
             __import__(name)
         except Exception:
             pass
+    for name, src in (init.get("preload") or {}).items():
+        import types
+
+        mod = types.ModuleType(name)
+        exec(compile(src, "<" + name + ">", "exec"), mod.__dict__)
+        sys.modules[name] = mod
+    # Everything the worker holds now is shared with each fork: keep the collector off it,
+    # so that a run does not copy-on-write the worker's pages by scanning them.
+    import gc
+
+    gc.collect()
+    gc.freeze()
     pidns, mntns = _ns("pid"), _ns("mnt")
     uid = os.getuid()
     # kill(-1) is only ever used where it cannot reach outside the run: a private pid

@@ -179,15 +179,20 @@ def split_test(test: str, entry_point: str) -> tuple[str, str]:
     return ast.unparse(probe), ast.unparse(judge)
 
 
-def candidate_program(problem: CodeProblem, completion: str) -> str:
+def _runtime(preloaded: bool, fn: str) -> str:
+    # A local pool has the runtime preloaded in its workers; a remote server gets the source.
+    return f"from _postrl_runtime import {fn}\n" if preloaded else _RUNTIME + "\n"
+
+
+def candidate_program(problem: CodeProblem, completion: str, preloaded: bool = False) -> str:
     probe, _ = split_test(problem.test, problem.entry_point)
     src = problem.prompt + completion
-    return f"{_RUNTIME}\n_rt_candidate({src!r}, {probe!r}, {problem.entry_point!r})\n"
+    return f"{_runtime(preloaded, '_rt_candidate')}_rt_candidate({src!r}, {probe!r}, {problem.entry_point!r})\n"
 
 
-def judge_program(problem: CodeProblem, calls: list[dict]) -> str:
+def judge_program(problem: CodeProblem, calls: list[dict], preloaded: bool = False) -> str:
     _, judge = split_test(problem.test, problem.entry_point)
-    return f"{_RUNTIME}\n_rt_judge({problem.prompt!r}, {judge!r}, {json.dumps(calls)!r})\n"
+    return f"{_runtime(preloaded, '_rt_judge')}_rt_judge({problem.prompt!r}, {judge!r}, {json.dumps(calls)!r})\n"
 
 
 def parse_records(stdout: str) -> list[dict]:
@@ -260,8 +265,9 @@ class CodeJudge:
         if len(problems) != len(completions):
             raise ValueError("one completion per problem")
         lim = self.limits
+        pre = "_postrl_runtime" in getattr(self.backend, "preloaded", ())
         reqs = [
-            RunRequest(candidate_program(p, c), timeout_s=lim.timeout_s, memory_mb=lim.memory_mb,
+            RunRequest(candidate_program(p, c, pre), timeout_s=lim.timeout_s, memory_mb=lim.memory_mb,
                        max_output_bytes=lim.max_output_bytes)
             for p, c in zip(problems, completions)
         ]
@@ -269,7 +275,7 @@ class CodeJudge:
         cands = [_read_candidate(r) for r in runs]
         todo = [i for i, c in enumerate(cands) if c.compiled and runs[i].status != "error"]
         judge_reqs = [
-            RunRequest(judge_program(problems[i], cands[i].calls), timeout_s=lim.judge_timeout_s,
+            RunRequest(judge_program(problems[i], cands[i].calls, pre), timeout_s=lim.judge_timeout_s,
                        memory_mb=max(lim.memory_mb, 512), max_output_bytes=lim.max_output_bytes)
             for i in todo
         ]
