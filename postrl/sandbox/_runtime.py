@@ -5,7 +5,7 @@
   _rt_candidate(solution_src, probe_src, entry)  - the candidate run: compiles and runs the
       solution, then the *probe* (the test with its expected values removed), recording every
       call of the entry point as plain data: encoded arguments and encoded return value.
-  _rt_judge(prompt_src, judge_src, calls)        - the judge run: never sees the solution;
+  _rt_judge(items)                               - the judge run: never sees the solution;
       replays the recorded return values into the original assertions and reports which held.
 
 Records are written to stdout as lines starting with _RT_MARK. Everything in the candidate run
@@ -229,7 +229,7 @@ class _RtReplay:
         return _rt_dec(c.get("ret"))
 
 
-def _rt_judge(prompt, test, calls_json):
+def _rt_judge_one(prompt, test, calls_json):
     ns = {"__name__": "__solution__", "__builtins__": _rt_builtins}
     try:
         # The problem's own text (signature, docstring, helpers the test may call).
@@ -245,13 +245,22 @@ def _rt_judge(prompt, test, calls_json):
             results.append(False)
 
     ns["_rt_assert"] = _rt_assert
-    exec(compile(test, "test.py", "exec"), ns)
     replay = _RtReplay(_rt_json.loads(calls_json))
-    _rt_random.seed(0)
     error = None
     try:
+        exec(compile(test, "test.py", "exec"), ns)
+        _rt_random.seed(0)
         ns["check"](replay)
     except BaseException as e:
         error = type(e).__name__
-    _rt_emit({"judge": results, "check_error": error, "consumed": replay.n, "diverged": replay.diverged})
+    return {"judge": results, "check_error": error, "consumed": replay.n, "diverged": replay.diverged}
+
+
+def _rt_judge(items_json):
+    """Judge several solutions in one run: [[prompt, test, calls_json], ...]. This process runs
+    only problem text and recorded data, so problems can share it."""
+    for index, (prompt, test, calls_json) in enumerate(_rt_json.loads(items_json)):
+        rec = _rt_judge_one(prompt, test, calls_json)
+        rec["index"] = index
+        _rt_emit(rec)
     _rt_exit()

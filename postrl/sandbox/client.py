@@ -29,6 +29,10 @@ class RemoteSandbox:
         self.retries = retries
         self.client_timeout_s = client_timeout_s
 
+    @property
+    def n_workers(self) -> int:
+        return self.concurrency
+
     def ping(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/v1/ping", timeout=5) as r:

@@ -190,9 +190,10 @@ def candidate_program(problem: CodeProblem, completion: str, preloaded: bool = F
     return f"{_runtime(preloaded, '_rt_candidate')}_rt_candidate({src!r}, {probe!r}, {problem.entry_point!r})\n"
 
 
-def judge_program(problem: CodeProblem, calls: list[dict], preloaded: bool = False) -> str:
-    _, judge = split_test(problem.test, problem.entry_point)
-    return f"{_runtime(preloaded, '_rt_judge')}_rt_judge({problem.prompt!r}, {judge!r}, {json.dumps(calls)!r})\n"
+def judge_program(items: list[tuple[CodeProblem, list[dict]]], preloaded: bool = False) -> str:
+    """One judge run for several (problem, recorded calls) pairs."""
+    payload = [[p.prompt, split_test(p.test, p.entry_point)[1], json.dumps(calls)] for p, calls in items]
+    return f"{_runtime(preloaded, '_rt_judge')}_rt_judge({json.dumps(payload)!r})\n"
 
 
 def parse_records(stdout: str) -> list[dict]:
@@ -274,16 +275,32 @@ class CodeJudge:
         runs = self.backend.run_many(reqs)
         cands = [_read_candidate(r) for r in runs]
         todo = [i for i, c in enumerate(cands) if c.compiled and runs[i].status != "error"]
-        judge_reqs = [
-            RunRequest(judge_program(problems[i], cands[i].calls, pre), timeout_s=lim.judge_timeout_s,
-                       memory_mb=max(lim.memory_mb, 512), max_output_bytes=lim.max_output_bytes)
-            for i in todo
-        ]
-        judged = dict(zip(todo, self.backend.run_many(judge_reqs)))
+        judged = self._judge_runs(problems, cands, todo, pre)
         return [_verdict(p, runs[i], cands[i], judged.get(i)) for i, p in enumerate(problems)]
 
+    def _judge_runs(self, problems, cands, todo: list[int], pre: bool) -> dict[int, dict]:
+        """Judge records by problem index; a failed judge run gives {"failed": status, ...}."""
+        lim = self.limits
+        # Judge runs execute no solution code, so several problems share one run: fewer
+        # sandbox runs, with still one batch per worker to keep them all busy.
+        per_run = max(1, min(16, -(-len(todo) // max(1, getattr(self.backend, "n_workers", 4)))))
+        batches = [todo[k:k + per_run] for k in range(0, len(todo), per_run)]
+        reqs = [
+            RunRequest(judge_program([(problems[i], cands[i].calls) for i in b], pre),
+                       timeout_s=lim.judge_timeout_s * len(b), memory_mb=max(lim.memory_mb, 512),
+                       max_output_bytes=lim.max_output_bytes)
+            for b in batches
+        ]
+        out: dict[int, dict] = {}
+        for batch, run in zip(batches, self.backend.run_many(reqs)):
+            recs = {r.get("index"): r for r in parse_records(run.stdout) if "judge" in r}
+            for k, i in enumerate(batch):
+                ok = run.status == "finished" and k in recs
+                out[i] = recs[k] if ok else {"failed": run.status, "stderr": run.stderr[-300:]}
+        return out
 
-def _verdict(p: CodeProblem, run: RunResult, cand: _CandidateRun, judged: RunResult | None) -> CodeVerdict:
+
+def _verdict(p: CodeProblem, run: RunResult, cand: _CandidateRun, j: dict | None) -> CodeVerdict:
     v = CodeVerdict(p.task_id, compiles=cand.compiled, passed=False, isolation=run.isolation)
     v.timeout = run.status == "timeout"
     v.output = run.status == "output_limit"
@@ -291,15 +308,13 @@ def _verdict(p: CodeProblem, run: RunResult, cand: _CandidateRun, judged: RunRes
     if run.status == "error" and not run.worker_lost:
         v.status, v.detail = "error", f"sandbox error: {run.message}"
         return v
-    if judged is None:
+    if j is None:
         v.detail = _limit_note(v, run) or cand.problem or "not judged"
         return v
-    recs = [r for r in parse_records(judged.stdout) if "judge" in r]
-    if judged.status != "finished" or not recs:
-        v.status = "timeout" if judged.status == "timeout" else "error"
-        v.detail = f"judge run failed ({judged.status}): {judged.stderr[-300:]}"
+    if "failed" in j:
+        v.status = "timeout" if j["failed"] == "timeout" else "error"
+        v.detail = f"judge run failed ({j['failed']}): {j.get('stderr', '')}"
         return v
-    j = recs[-1]
     v.tests = [x is True for x in j.get("judge", [])]
     clean = run.status == "finished" and not run.worker_lost and cand.done and not cand.problem
     agreed = not j.get("diverged") and j.get("consumed") == len(cand.calls) and j.get("check_error") is None
