@@ -28,14 +28,11 @@ def add_parser(sub) -> None:
 
 
 def load_examples(path: str):
-    from postrl.errors import UserError
     from postrl.rewards.jsonl import read_jsonl
     from postrl.tasks.base import Response, Task
 
-    rows = read_jsonl(path, {"prompt": str, "response": str, "label": (bool, int)})
-    for lineno, r in enumerate(rows, 1):
-        if r["label"] not in (0, 1):
-            raise UserError(f"{path}: record {lineno}: label must be true/false or 1/0")
+    rows = read_jsonl(path, {"prompt": str, "response": str, "label": (bool, int)},
+                      check=lambda r: None if r["label"] in (0, 1) else "label must be true/false or 1/0")
     tasks = [Task("labels", f"label-{i}", r["prompt"], str(r.get("gold", ""))) for i, r in enumerate(rows)]
     responses = [Response(r["response"], r.get("finish_reason", "stop")) for r in rows]
     return tasks, responses, [bool(r["label"]) for r in rows]

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from postrl.errors import UserError
 
 
-def read_jsonl(path: str | Path, required: dict[str, type | tuple[type, ...]]) -> list[dict]:
+def read_jsonl(
+    path: str | Path,
+    required: dict[str, type | tuple[type, ...]],
+    check: Callable[[dict], str | None] | None = None,
+) -> list[dict]:
     """Every non-blank line as a dict; a line that is not a JSON object with the `required`
-    fields of the given types raises UserError('FILE:LINE: ...')."""
+    fields of the given types, or for which `check` returns a message, raises
+    UserError('FILE:LINE: ...')."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file")
@@ -30,6 +36,9 @@ def read_jsonl(path: str | Path, required: dict[str, type | tuple[type, ...]]) -
                     raise UserError(f"{path}:{lineno}: missing field '{key}'")
                 if not _has_type(row[key], kind):
                     raise UserError(f"{path}:{lineno}: field '{key}' has the wrong type")
+            problem = check(row) if check is not None else None
+            if problem:
+                raise UserError(f"{path}:{lineno}: {problem}")
             rows.append(row)
     if not rows:
         raise UserError(f"{path}: no records")
