@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from postrl.faults import crash_point
+
 PREFIX = "step_"
 
 
@@ -95,6 +97,7 @@ class CheckpointManager:
         files = {str(p.relative_to(tmp)): sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time(), "files": files}, indent=1))
         fsync_tree(tmp)
+        crash_point("checkpoint.write")  # files written, not yet renamed into place
         if final.exists():  # a re-run of the same step after a resume: replace it
             shutil.rmtree(final)
         os.replace(tmp, final)

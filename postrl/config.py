@@ -280,6 +280,11 @@ def coerce(tp: Any, value: Any, key: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads 5e-5 (no dot) as a string; a float field takes it as the number it is
+            return float(value)
+        except ValueError:
+            pass
     if tp in (int, float, str, bool):
         if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
             return value

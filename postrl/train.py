@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from postrl.config import Config
+from postrl.faults import crash_point
 from postrl.monitor.alerts import dump_samples
 from postrl.policy.rollout import GenParams
 from postrl.run import open_run, restore_checkpoint, save_checkpoint, step_generator
@@ -57,6 +58,7 @@ def train(cfg: Config, log=print, resume: bool = False) -> Path:
             t3 = time.perf_counter()
 
             run.store.write(step, samples)
+            crash_point("step.stored")
             metrics = step_metrics(samples, stats, (t1 - t0, t2 - t1, t3 - t2), kl_coef, run.domain_weights)
             alerts = run.monitors.update(step, metrics, samples)
             run.sinks.log(step, {**metrics, **run.monitors.values()})

@@ -15,8 +15,11 @@ def test_default_recipe_loads_and_overrides_apply():
     assert cfg.domains["arith"].weight == 2.0 and cfg.domains["arith"].params == {"levels": [2]}
 
 
-def test_int_is_accepted_for_float():
+def test_int_and_exponent_strings_are_accepted_for_float():
     assert load_config(None, ["rl.kl_coef=0"]).rl.kl_coef == 0.0
+    assert load_config(None, ["train.lr=5e-5"]).train.lr == 5e-5  # YAML 1.1 reads this as a string
+    with pytest.raises(ConfigError, match="config key 'train.lr' = 'fast': expected float, got str"):
+        load_config(None, ["train.lr=fast"])
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from postrl.faults import crash_point
 from postrl.rewards.base import Score
 from postrl.tasks.base import Task
 
@@ -231,6 +232,7 @@ class RolloutStore:
                 pq.write_table(table, f, compression="zstd")
                 f.flush()
                 os.fsync(f.fileno())
+            crash_point("store.write")  # shard written to its temp file, not yet renamed
             os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
