@@ -1,14 +1,25 @@
-"""Batched sampling with a KV cache: the CPU rollout engine.
+"""Batched sampling with a preallocated KV cache: the CPU rollout engine.
 
     out = generate(model, prompts, GenParams(max_new_tokens=8, temperature=1.0), eos_id, pad_id)
     out[i].token_ids, out[i].logprobs, out[i].finish_reason
 
-Prompts of mixed lengths are left-padded so that every sequence's next token sits in the last
+Prompts of mixed lengths are left-padded so that every sequence's next token sits in the same
 column; position ids count real tokens only, so padding changes nothing a sequence sees.
 Behaviour log-probs are those of the distribution actually sampled from *before* top-p
 truncation: log softmax(logits / temperature). The update recomputes the same quantity, so the
 PPO ratio is exactly 1 on the first on-policy pass (top-p truncation is the one departure; keep
 top_p=1 for exact on-policy ratios).
+
+Where the time goes, and what is done about it (small models on CPU are overhead-bound):
+  - Llama-family models run through `FastLM` (a few fused tensor ops per layer, static cache
+    written in place); any other causal LM runs through its own Hugging Face forward.
+  - Finished rows are dropped from the batch (cache rows included) once a quarter of the
+    current rows have finished, so late steps compute only on live sequences.
+  - One uniform draw per *original* row per step, inverse-CDF sampling on that row: a row's
+    sample never depends on which other rows are still in the batch, so compaction cannot
+    change any result, and a seeded generator reproduces the same completions.
+  - Stop strings are checked on the decoded tail of each live row only (a window long enough
+    to hold the longest stop string), not on the whole completion re-decoded every step.
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from postrl.policy.fastlm import FastLM, padding_bias
 
 
 @dataclass
@@ -47,19 +60,24 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-def pick_tokens(logits: torch.Tensor, params: GenParams, generator: torch.Generator | None):
-    """Choose the next token per row. logits: [B, V]. Returns (tokens [B], logprobs [B])."""
+def pick_tokens(logits: torch.Tensor, params: GenParams, uniform: torch.Tensor | None):
+    """Choose the next token per row. logits: [B, V]; uniform: [B] in [0, 1) (unused if greedy).
+
+    Returns (tokens [B], logprobs [B]) with logprobs under softmax(logits / temperature)."""
     logp = torch.log_softmax(logits.float() / params.temperature, dim=-1)  # [B, V]
     if params.greedy:
-        tokens = logp.argmax(-1)
+        tokens = logits.argmax(-1)  # argmax of the raw logits, exactly as transformers' greedy search
     else:
         probs = logp.exp()
         if params.top_p < 1.0:
             sorted_p, order = probs.sort(-1, descending=True)
             drop = sorted_p.cumsum(-1) - sorted_p > params.top_p  # keep the smallest prefix reaching top_p
-            sorted_p = sorted_p.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        cdf = probs.cumsum(-1)  # [B, V]
+        # inverse CDF: the first token whose cumulative mass exceeds u * total; zero-mass tokens
+        # never qualify (their cdf equals their predecessor's)
+        target = (uniform * cdf[:, -1])[:, None]
+        tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -72,45 +90,139 @@ def generate(
     pad_id: int,
     generator: torch.Generator | None = None,
     decode=None,
+    *,
+    compact_below: float = 0.75,
 ) -> list[Generation]:
-    """Sample one completion per prompt. `decode(ids) -> str` is needed only for stop strings."""
+    """Sample one completion per prompt. `decode(ids) -> str` is needed only for stop strings.
+
+    `compact_below`: drop finished rows once live rows are at most this fraction of the batch
+    (0 keeps every row to the end; results are identical either way)."""
+    if not prompts:
+        return []
     ids, mask = left_pad(prompts, pad_id)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache, logits = out.cache, out.logits[:, -1]
-    batch = len(prompts)
-    tokens = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long)
-    logprobs = torch.zeros((batch, params.max_new_tokens))
-    lengths = torch.zeros(batch, dtype=torch.long)
-    done = torch.zeros(batch, dtype=torch.bool)
-    next_pos = positions[:, -1] + 1
-    for t in range(params.max_new_tokens):
-        tok, lp = pick_tokens(logits, params, generator)
-        live = ~done
-        tokens[live, t], logprobs[live, t] = tok[live], lp[live]
-        lengths += live.long()
-        done |= tok == eos_id
-        if params.stop_strings and decode is not None:
-            done |= _hit_stop(tokens[:, : t + 1], lengths, live, params.stop_strings, decode)
-        if done.all() or t == params.max_new_tokens - 1:
+    lm = FastLM.wrap(model)
+    stepper = _FastStepper(lm, ids, mask, params.max_new_tokens) if lm else _HFStepper(model, ids, mask, pad_id)
+    stop_hit = _StopCheck(params.stop_strings, decode) if params.stop_strings and decode is not None else None
+    tokens, logprobs, lengths, stopped = _sample_loop(stepper, params, eos_id, generator, stop_hit, compact_below)
+    toks, lps, lens, stops = tokens.tolist(), logprobs.tolist(), lengths.tolist(), stopped.tolist()
+    return [Generation(toks[i][: lens[i]], lps[i][: lens[i]], "stop" if stops[i] else "length")
+            for i in range(len(prompts))]
+
+
+def _sample_loop(stepper, params: GenParams, eos_id: int, generator, stop_hit, compact_below: float):
+    """The per-token loop. Returns tokens [B, N], logprobs [B, N], lengths [B], stopped [B]."""
+    n, steps = stepper.rows, params.max_new_tokens
+    tokens = torch.zeros((n, steps), dtype=torch.long)
+    logprobs = torch.zeros((n, steps))
+    lengths = torch.full((n,), steps, dtype=torch.long)
+    stopped = torch.zeros(n, dtype=torch.bool)
+    rows = torch.arange(n)  # original index of each row still in the batch
+    live = torch.ones(n, dtype=torch.bool)  # rows of the current batch still generating
+    logits = stepper.first()
+    for t in range(steps):
+        # drawn for every original row, so a row's draw does not depend on the batch's shape
+        uniform = None if params.greedy else torch.rand(n, generator=generator)[rows]
+        tok, lp = pick_tokens(logits, params, uniform)
+        idx = rows[live]
+        tokens[idx, t], logprobs[idx, t] = tok[live], lp[live]
+        end = live & (tok == eos_id)
+        if stop_hit is not None:
+            end |= stop_hit(tokens, rows, live, t)
+        if end.any():
+            lengths[rows[end]] = t + 1
+            stopped[rows[end]] = True
+            live &= ~end
+        n_live = int(live.sum())
+        if t == steps - 1 or n_live == 0:
             break
-        # finished rows keep stepping on padding (masked out) so the cache stays rectangular
-        mask = torch.cat([mask, live.long()[:, None]], dim=1)
-        step_in = torch.where(live, tok, torch.full_like(tok, pad_id))[:, None]
-        out = model(input_ids=step_in, attention_mask=mask, position_ids=next_pos[:, None], cache=cache, use_cache=True)
-        cache, logits = out.cache, out.logits[:, -1]
-        next_pos = next_pos + live.long()
-    return [_finish(tokens[i, : lengths[i]].tolist(), logprobs[i, : lengths[i]].tolist(), eos_id, bool(done[i]))
-            for i in range(batch)]
+        if n_live <= compact_below * len(rows):
+            keep = live.nonzero().squeeze(-1)
+            stepper.keep(keep)
+            rows, tok, live = rows[keep], tok[keep], live[keep]
+        logits = stepper.step(tok)  # finished rows still in the batch step on, and are ignored
+    return tokens, logprobs, lengths, stopped
 
 
-def _hit_stop(tokens, lengths, live, stops, decode) -> torch.Tensor:
-    hit = torch.zeros(len(lengths), dtype=torch.bool)
-    for i in torch.nonzero(live).flatten().tolist():
-        text = decode(tokens[i, : lengths[i]].tolist())
-        hit[i] = any(s in text for s in stops)
-    return hit
+class _FastStepper:
+    """Llama-family decoding on a static cache: [B, Hkv, prompt + new - 1, D] per layer."""
+
+    def __init__(self, lm: FastLM, ids: torch.Tensor, mask: torch.Tensor, max_new: int):
+        self.lm, self.ids, self.mask, self.rows = lm, ids, mask, ids.shape[0]
+        self.width = ids.shape[1]
+        total = self.width + max(max_new - 1, 0)  # the last sampled token is never fed back
+        self.positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        self.cos, self.sin = lm.rotary(int(self.positions.max()) + max_new + 1)
+        self.layers = lm.layers()
+        self.kv = lm.new_cache(self.rows, total)
+        # additive key mask for decode steps: prompt padding is -inf, generated columns are 0
+        self.key_bias = torch.zeros((self.rows, 1, 1, total), dtype=lm.dtype)
+        self.key_bias[:, 0, 0, : self.width].masked_fill_(mask == 0, float("-inf"))
+        self.next_pos = self.positions[:, -1] + 1
+        self.col = self.width
+
+    def first(self) -> torch.Tensor:
+        bias = padding_bias(self.mask, self.width, self.lm.dtype)
+        pos = self.positions
+        hidden = self.lm.hidden(self.ids, self.cos[pos], self.sin[pos], bias, self.layers, self.kv, 0)
+        return self.lm.logits(hidden[:, -1])
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        pos = self.next_pos[:, None]
+        bias = self.key_bias[..., : self.col + 1]
+        hidden = self.lm.hidden(tok[:, None], self.cos[pos], self.sin[pos], bias, self.layers, self.kv, self.col)
+        self.col += 1
+        self.next_pos = self.next_pos + 1
+        return self.lm.logits(hidden[:, -1])
+
+    def keep(self, idx: torch.Tensor) -> None:
+        self.kv = [(k[idx], v[idx]) for k, v in self.kv]
+        self.key_bias, self.next_pos = self.key_bias[idx], self.next_pos[idx]
 
 
-def _finish(ids: list[int], lps: list[float], eos_id: int, done: bool) -> Generation:
-    return Generation(ids, lps, "stop" if done else "length")
+class _HFStepper:
+    """Any other causal LM, through its own forward and dynamic cache."""
+
+    def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor, pad_id: int):
+        self.model, self.ids, self.mask, self.rows = model, ids, mask, ids.shape[0]
+        self.cache = None
+        self.next_pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1] + 1
+
+    def first(self) -> torch.Tensor:
+        positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        self.cache = out.cache
+        return out.logits[:, -1]
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
+                         cache=self.cache, use_cache=True)
+        self.cache = out.cache
+        self.next_pos = self.next_pos + 1
+        return out.logits[:, -1]
+
+    def keep(self, idx: torch.Tensor) -> None:
+        self.cache.batch_select_indices(idx)
+        self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
+
+
+class _StopCheck:
+    """Which live rows' text now contains a stop string, decoding only each row's tail.
+
+    Every non-special token decodes to at least one byte and a character is at most 4 bytes,
+    so 4 tokens per character (plus one for a leading partial character, plus one whose text
+    a decoder may trim at the start of a window) always cover the stop string."""
+
+    def __init__(self, stops: tuple[str, ...], decode):
+        self.stops, self.decode = stops, decode
+        self.window = 4 * max(map(len, stops)) + 2
+
+    def __call__(self, tokens: torch.Tensor, rows: torch.Tensor, live: torch.Tensor, t: int) -> torch.Tensor:
+        hit = torch.zeros(len(rows), dtype=torch.bool)
+        lo = max(0, t + 1 - self.window)
+        tails = tokens[rows[live], lo : t + 1].tolist()
+        for j, tail in zip(live.nonzero().squeeze(-1).tolist(), tails):
+            text = self.decode(tail)
+            hit[j] = any(s in text for s in self.stops)
+        return hit

@@ -1,0 +1,173 @@
+"""The rollout engine: exact behaviour log-probs, transformers-identical greedy output, stopping
+rules, determinism, and results that do not depend on batch compaction or the forward used."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from postrl.policy import rollout
+from postrl.policy.fastlm import FastLM
+from postrl.policy.logprobs import token_logprobs
+from postrl.policy.model import load_model
+from postrl.policy.rollout import GenParams, generate
+
+TEXTS = ["1+2=", "47+38=", "3=", "123+456+7=", "9*9=", "60-17="]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    model, tok = load_model(str(tiny_model_dir))
+    prompts = [tok(t)["input_ids"] for t in TEXTS] * 4  # mixed lengths: 3 to 11 tokens
+    return model, tok, prompts
+
+
+def sample(tiny, params, seed=0, **kw):
+    model, tok, prompts = tiny
+    gen = torch.Generator().manual_seed(seed)
+    return generate(model, kw.pop("prompts", prompts), params, kw.pop("eos_id", tok.eos_token_id),
+                    tok.pad_token_id, gen, decode=lambda ids: tok.decode(ids, skip_special_tokens=True), **kw)
+
+
+def reference_logprobs(model, prompts, gens, temperature):
+    """log softmax(logits / T) of each sampled token from one plain transformers forward per row."""
+    out = []
+    for p, g in zip(prompts, gens):
+        ids = torch.tensor([p + g.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(p) - 1 : -1].float() / temperature
+        out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1))
+    return out
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_equal_a_full_forward(tiny, temperature):
+    model, _, prompts = tiny
+    gens = sample(tiny, GenParams(8, temperature=temperature))
+    for g, ref in zip(gens, reference_logprobs(model, prompts, gens, temperature)):
+        assert len(g.logprobs) == len(g.token_ids) > 0
+        ratio = torch.exp(torch.tensor(g.logprobs) - ref)
+        assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5)
+
+
+def test_learner_logprobs_equal_behaviour_logprobs(tiny):
+    """The update's recomputation (right-padded rows, loss positions only) gives ratio 1."""
+    model, tok, prompts = tiny
+    gens = sample(tiny, GenParams(8))
+    rows = [p + g.token_ids for p, g in zip(prompts, gens)]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    attn = torch.zeros_like(ids)
+    needed = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+    old = torch.zeros((len(rows), width - 1))
+    for i, (p, g, row) in enumerate(zip(prompts, gens, rows)):
+        ids[i, : len(row)], attn[i, : len(row)] = torch.tensor(row), 1
+        needed[i, len(p) - 1 : len(row) - 1] = True
+        old[i, len(p) - 1 : len(row) - 1] = torch.tensor(g.logprobs)
+    with torch.no_grad():
+        full, ent_full = token_logprobs(model, ids, attn, torch.ones(len(rows)), with_entropy=True)
+        only, ent_only = token_logprobs(model, ids, attn, torch.ones(len(rows)), with_entropy=True, needed=needed)
+    assert torch.allclose(full[needed], old[needed], atol=1e-5)
+    assert torch.allclose(only, torch.where(needed, full, 0.0), atol=1e-6)
+    assert torch.allclose(ent_only, torch.where(needed, ent_full, 0.0), atol=1e-6)
+
+
+def test_greedy_equals_transformers_generate(tiny):
+    model, tok, prompts = tiny
+    gens = sample(tiny, GenParams(8, greedy=True), prompts=prompts[: len(TEXTS)])
+    for p, g in zip(prompts, gens):
+        ref = model.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(p) :].tolist()
+        assert g.token_ids == ref
+
+
+def test_eos_ends_a_row_and_length_caps_it(tiny):
+    model, tok, prompts = tiny
+    first = sample(tiny, GenParams(1, greedy=True))[0].token_ids[0]
+    # declare the first greedy token the EOS: that row must stop right there
+    gens = sample(tiny, GenParams(6, greedy=True), eos_id=first)
+    assert gens[0].token_ids == [first] and gens[0].finish_reason == "stop"
+    for g in sample(tiny, GenParams(5)):
+        assert 1 <= len(g.token_ids) <= 5
+        if g.finish_reason == "stop":
+            assert g.token_ids[-1] == tok.eos_token_id
+        else:
+            assert g.finish_reason == "length" and len(g.token_ids) == 5
+        assert tok.eos_token_id not in g.token_ids[:-1]
+    assert all(len(g.token_ids) == 1 for g in sample(tiny, GenParams(1)))
+
+
+def test_stop_strings_truncate_at_first_occurrence(tiny):
+    _, tok, _ = tiny
+    plain = sample(tiny, GenParams(8))
+    # pick a character some completion produces after its first token, and stop on it
+    row = next(i for i, g in enumerate(plain) if len(tok.decode(g.token_ids, skip_special_tokens=True)) >= 2)
+    stop = tok.decode(plain[row].token_ids, skip_special_tokens=True)[1]
+    stopped = sample(tiny, GenParams(8, stop_strings=(stop,)))
+    for a, b in zip(plain, stopped):
+        assert a.token_ids[: len(b.token_ids)] == b.token_ids  # same draws, cut earlier or not at all
+        text = tok.decode(b.token_ids, skip_special_tokens=True)
+        if stop in text:
+            assert b.finish_reason == "stop" and stop not in tok.decode(b.token_ids[:-1], skip_special_tokens=True)
+        else:
+            assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
+    assert stopped[row].finish_reason == "stop"
+    assert len(tok.decode(stopped[row].token_ids, skip_special_tokens=True)) <= 2  # stop was its 2nd character
+
+
+def test_seeded_generator_is_deterministic(tiny):
+    a, b, c = (sample(tiny, GenParams(8), seed=s) for s in (3, 3, 4))
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.logprobs for g in a] == [g.logprobs for g in b]
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+
+
+def test_compaction_does_not_change_results(tiny):
+    runs = [sample(tiny, GenParams(8), compact_below=f) for f in (0.0, 0.75, 1.0)]
+    for other in runs[1:]:
+        assert [g.token_ids for g in other] == [g.token_ids for g in runs[0]]
+        assert [g.finish_reason for g in other] == [g.finish_reason for g in runs[0]]
+        for x, y in zip(other, runs[0]):
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-6)
+
+
+def test_transformers_forward_path_gives_the_same_samples(tiny, monkeypatch):
+    fast = sample(tiny, GenParams(8))
+    monkeypatch.setattr(rollout.FastLM, "wrap", staticmethod(lambda model: None))
+    slow = sample(tiny, GenParams(8))
+    assert [g.token_ids for g in slow] == [g.token_ids for g in fast]
+    for x, y in zip(slow, fast):
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
+
+
+def test_tiny_top_p_is_greedy(tiny):
+    greedy = sample(tiny, GenParams(8, greedy=True))
+    nucleus = sample(tiny, GenParams(8, top_p=1e-6))
+    assert [g.token_ids for g in nucleus] == [g.token_ids for g in greedy]
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-bias"])
+def test_fast_forward_matches_transformers(family):
+    """Grouped-query attention and q/k/v biases, on random weights, left- and right-padded."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if family == "llama-gqa":
+        model = LlamaForCausalLM(LlamaConfig(**common)).eval()
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False)).eval()
+    assert FastLM.wrap(model) is not None
+    ids = torch.randint(3, 50, (3, 9))
+    for mask in (torch.tensor([[1] * 9, [1] * 5 + [0] * 4, [1] * 2 + [0] * 7]),
+                 torch.tensor([[1] * 9, [0] * 4 + [1] * 5, [0] * 7 + [1] * 2])):
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            ref = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, :-1], -1)
+            ref = ref.gather(-1, ids[:, 1:, None]).squeeze(-1)
+            ours, _ = token_logprobs(model, ids, mask, torch.ones(3))
+        real = (mask[:, :-1] * mask[:, 1:]).bool()  # positions where a real token predicts a real token
+        assert torch.allclose(ours[real], ref[real], atol=1e-5)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]
+    gens = generate(model, prompts, GenParams(6, greedy=True), eos_id=0, pad_id=1)
+    for p, g in zip(prompts, gens):
+        ref = model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, eos_token_id=0, pad_token_id=1)
+        assert g.token_ids == ref[0, len(p) :].tolist()
