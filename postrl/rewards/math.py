@@ -23,6 +23,7 @@ sympy object (printing some of them hangs); logs and details carry the raw strin
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -39,7 +40,9 @@ class GoldUnparseable(ValueError):
     pass
 
 
-def _parse_gold(gold: str) -> list:
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str) -> tuple:
+    # cached per worker: a group's samples share one gold answer (sympy objects are immutable)
     from math_verify import parse
 
     # Bare LaTeX such as `[1,3)` or `x^2+1` is only recognised inside math delimiters.
@@ -47,7 +50,7 @@ def _parse_gold(gold: str) -> list:
     parsed = parse(text, parsing_timeout=None) or parse(gold, parsing_timeout=None)
     if not parsed:
         raise GoldUnparseable(f"gold answer not parseable: {gold[:80]!r}")
-    return parsed
+    return tuple(parsed)
 
 
 def verify_job(job: list) -> bool:
@@ -55,7 +58,7 @@ def verify_job(job: list) -> bool:
     from math_verify import parse, verify
 
     gold, answer = job
-    parsed_gold = _parse_gold(gold)
+    parsed_gold = list(_parse_gold(gold))
     parsed_answer = parse(answer, parsing_timeout=None)
     if not parsed_answer:
         return False  # no answer could be extracted: wrong, not unverifiable
