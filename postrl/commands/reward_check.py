@@ -86,9 +86,9 @@ def _text(r: dict) -> str:
     lines = [f"reward {r['reward']}: {r['verified']}/{r['n']} examples verified, good = reward >= {r['threshold']:g}",
              f"accuracy {r['accuracy']:.3f}   Cohen's kappa {kappa}",
              "confusion (rows: human label, columns: reward's label)",
-             "          " + "".join(f"{'reward=' + x:>14}" for x in r["labels"])]
+             " " * 12 + "".join(f"{'reward=' + x:>14}" for x in r["labels"])]
     for x, row in zip(r["labels"], r["confusion"]):
-        lines.append(f"{'human=' + x:<10}" + "".join(f"{c:>14}" for c in row))
+        lines.append(f"{'human=' + x:<12}" + "".join(f"{c:>14}" for c in row))
     for title, key in (("disagreements", "disagreements"), ("not verified", "unverified")):
         lines.append(f"{title}: {len(r[key])}")
         for e in r[key]:
