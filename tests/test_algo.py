@@ -107,3 +107,12 @@ def test_pass_at_k_rejects_impossible_counts():
         pass_at_k(4, 5, 1)
     with pytest.raises(ValueError):
         pass_at_k(4, 1, 8)
+
+
+def test_unverified_samples_get_the_verified_mean_and_zero_advantage():
+    from postrl.steps import fill_unverified
+
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    verified = torch.tensor([[True, True, False, True], [False, False, False, False]])
+    filled = fill_unverified(rewards, verified)
+    assert filled.flatten().tolist() == pytest.approx([1.0, 0.0, 1 / 3, 0.0, 0.0, 0.0, 0.0, 0.0], abs=1e-7)

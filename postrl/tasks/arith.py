@@ -1,7 +1,7 @@
 """Domain `arith`: seeded, procedurally generated arithmetic with difficulty levels.
 
-    47+38=      ->  85
-    52-38+17=   ->  31
+    47+38=      ->  [1]85        the carry bits used, then the answer
+    52-38+17=   ->  [1,1]31
 
 Problems are evaluated left to right. A fixed ~10% of all problems (chosen by a hash of the
 problem text, so independent of any seed) form the held-out split; training never samples them.
@@ -39,8 +39,8 @@ LEVELS: dict[int, Level] = {
     5: Level(digits=3, terms=3, ops="+-"),
 }
 
-ALPHABET = "0123456789+-="
-_ANSWER = re.compile(r"-?\d+")
+ALPHABET = "0123456789+-=[],"
+_ANSWER = re.compile(r"(?:\[[01,]*\])?\s*(-?\d+)")
 
 
 @dataclass
@@ -89,41 +89,52 @@ def _digits(n: int, width: int) -> list[int]:
     return [int(c) for c in str(n).zfill(width)[::-1]]  # least significant first
 
 
-def _column_op(a: int, b: int, sign: int) -> int:
-    """Column arithmetic with every carry (sign=+1) or borrow (sign=-1) decision inverted.
+def column_op(a: int, b: int, sign: int, flip: bool = False) -> tuple[int, list[int]]:
+    """Column addition (sign=+1) or subtraction (sign=-1), least significant column first.
 
-    The classic carrying mistake in both directions: forgetting a carry that was needed and
-    carrying one that was not (47+38 -> 75, 12+13 -> 35; 52-38 -> 24, 57-32 -> 15). The right
-    answer needs the same carry computation, so the mistake is a single learnable "flip"."""
+    Returns the value and the carries (borrows) *used* into columns 1..width-1. With `flip`,
+    every one of those decisions is inverted: the classic carrying mistake in both directions,
+    forgetting a carry that was needed and carrying one that was not (47+38 -> 75, 12+13 -> 35;
+    52-38 -> 24, 57-32 -> 15). The leftmost column is written in full.
+    """
     width = max(len(str(a)), len(str(b)))
     da, db = _digits(a, width), _digits(b, width)
-    true_carry, value = 0, 0
+    true_carry, value, used_bits = 0, 0, []
     for i in range(width):
-        used = true_carry if i == 0 else 1 - true_carry
+        used = true_carry if (i == 0 or not flip) else 1 - true_carry
+        if i > 0:
+            used_bits.append(used)
         col = da[i] + sign * db[i] + sign * used
         true_total = da[i] + sign * db[i] + sign * true_carry
         true_carry = int(true_total >= 10) if sign > 0 else int(true_total < 0)
         value += (col if i == width - 1 else col % 10) * 10**i
-    return value
+    return value, used_bits
 
 
-def add_flipped_carry(a: int, b: int) -> int:
-    return _column_op(a, b, +1)
+def solve(nums: list[int], ops: list[str], flip: bool = False) -> tuple[str, int]:
+    """Worked solution: the carry/borrow bits of each operation, then the value.
 
-
-def sub_flipped_borrow(a: int, b: int) -> int:
-    return _column_op(a, b, -1)
+    The work is written `[bits,bits,...]`, one group per operation, most significant column
+    first: 47+38 -> ("[1]", 85); 52-38+17 -> ("[1,1]", 31). With `flip` the bits and the value
+    are those of the systematic mistake, consistently.
+    """
+    value, groups = nums[0], []
+    for op, b in zip(ops, nums[1:]):
+        value, bits = column_op(value, b, +1 if op == "+" else -1, flip)
+        groups.append("".join(str(x) for x in reversed(bits)))
+    return "[" + ",".join(groups) + "]", value
 
 
 def systematic_mistake(nums: list[int], ops: list[str]) -> int:
     """The answer a solver with the carry mistake gives; differs from the right one for width >= 2."""
-    return evaluate(nums, ops, add=add_flipped_carry, sub=sub_flipped_borrow)
+    return solve(nums, ops, flip=True)[1]
 
 
 def extract_answer(text: str) -> int | None:
-    """The integer answer if the completion is exactly one integer (surrounding spaces allowed)."""
-    text = text.strip()
-    return int(text) if _ANSWER.fullmatch(text) else None
+    """The integer answer if the completion is exactly an optional worked part `[...]` followed by
+    one integer (surrounding spaces allowed); anything else extracts nothing."""
+    m = _ANSWER.fullmatch(text.strip())
+    return int(m.group(1)) if m else None
 
 
 def score_answer(gold: str, response: Response) -> Score:
