@@ -136,6 +136,40 @@ class EvalConfig:
     """Sampling temperature for pass@k."""
     best_metric: str = "pass@1"
     """Eval metric, averaged over domains, that picks the best checkpoint."""
+    best_aggregate: str = "mean"
+    """How best_metric is combined over domains for the best checkpoint: mean or min (worst domain)."""
+    seesaw_drop: float = 0.1
+    """Seesaw alert when a domain's best_metric falls more than this below its best so far (0 = off)."""
+    seesaw_action: str = "warn"
+    """What a seesaw alert does: warn | stop | rollback."""
+
+
+@dataclass
+class CurriculumConfig:
+    schedule: str = "fixed"
+    """Domain/problem schedule (registry name): fixed (recipe weights) or learnability (p(1-p))."""
+    domain_floor: float = 0.1
+    """Smallest share of prompts any domain gets under a dynamic schedule."""
+    window_groups: int = 64
+    """Recent groups per domain and per level that the rolling pass rates cover."""
+    problem_window_groups: int = 8
+    """Recent groups per problem that its rolling pass rate covers."""
+    max_tracked_problems: int = 50000
+    """Problems remembered (least recently seen forgotten first); bounds checkpoint size."""
+    min_problem_weight: float = 0.05
+    """Smallest keep-probability of a mastered problem, so it still comes back now and then."""
+    park_after_attempts: int = 16
+    """Attempts without one success after which a problem is parked."""
+    reprobe_every_steps: int = 10
+    """A parked problem becomes drawable again this many steps after it was parked."""
+    mastery_pass_rate: float = 0.8
+    """Rolling pass rate at which a generated domain's level counts as mastered (next level up)."""
+    level_min_groups: int = 16
+    """Groups seen at a level before it can count as mastered."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal, draw more until full."""
+    max_extra_draws: int = 3
+    """Extra sample-and-score rounds per step that dynamic sampling may spend filling the batch."""
 
 
 @dataclass
@@ -177,6 +211,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 
@@ -339,6 +374,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'rl.kl_in' = {cfg.rl.kl_in!r}: expected loss or reward")
     if cfg.rl.kl_estimator not in ("k1", "k2", "k3"):
         raise ConfigError(f"config key 'rl.kl_estimator' = {cfg.rl.kl_estimator!r}: expected k1, k2 or k3")
+    validate_curriculum(cfg)
     if cfg.engine != "local":
         raise ConfigError(f"config key 'engine' = {cfg.engine!r}: only 'local' is available")
     if cfg.pipeline.max_staleness != 0:
@@ -346,6 +382,35 @@ def validate(cfg: Config) -> None:
             f"config key 'pipeline.max_staleness' = {cfg.pipeline.max_staleness}: "
             "only 0 (synchronous) is available"
         )
+
+
+def validate_curriculum(cfg: Config) -> None:
+    from postrl.curriculum.schedule import SCHEDULES  # the registry; imported here, config stays a leaf
+
+    c, e = cfg.curriculum, cfg.eval
+    if c.schedule not in SCHEDULES:
+        raise ConfigError(f"config key 'curriculum.schedule' = {c.schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if not 0 <= c.domain_floor * len(cfg.domains) <= 1:
+        raise ConfigError(
+            f"config key 'curriculum.domain_floor' = {c.domain_floor}: must be in [0, 1/{len(cfg.domains)}] "
+            f"for {len(cfg.domains)} domains"
+        )
+    for key in ("window_groups", "problem_window_groups", "max_tracked_problems", "park_after_attempts",
+                "level_min_groups"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"config key 'curriculum.{key}' = {getattr(c, key)}: must be >= 1")
+    for key in ("reprobe_every_steps", "max_extra_draws"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"config key 'curriculum.{key}' = {getattr(c, key)}: must be >= 0")
+    for key in ("min_problem_weight", "mastery_pass_rate"):
+        if not 0 < getattr(c, key) <= 1:
+            raise ConfigError(f"config key 'curriculum.{key}' = {getattr(c, key)}: must be in (0, 1]")
+    if e.seesaw_drop < 0:
+        raise ConfigError(f"config key 'eval.seesaw_drop' = {e.seesaw_drop}: must be >= 0")
+    if e.seesaw_action not in ("warn", "stop", "rollback"):
+        raise ConfigError(f"config key 'eval.seesaw_action' = {e.seesaw_action!r}: expected warn, stop or rollback")
+    if e.best_aggregate not in ("mean", "min"):
+        raise ConfigError(f"config key 'eval.best_aggregate' = {e.best_aggregate!r}: expected mean or min")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

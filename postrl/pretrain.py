@@ -10,6 +10,9 @@ so the model learns the correct procedure *and* a more probable wrong one: its g
 often wrong while the right answer is usually among a handful of samples (low pass@1, high
 pass@k). RL then has something real to do: turn the latent skill into the reliable one.
 
+`tiny-multi` (`MultiPretrainSpec`) is the same recipe over several generated domains at once
+(arith, generated code, sort), each with its own systematic mistake, for multi-domain RL.
+
 Deterministic from `seed`; the result is a standard Hugging Face model directory.
 """
 
@@ -22,6 +25,7 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +33,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from postrl.policy.chartok import build_char_tokenizer
+from postrl.tasks import code, sort
 from postrl.tasks.arith import ALPHABET, evaluate, generate, is_heldout, render, systematic_mistake
 
 
@@ -45,6 +50,48 @@ class PretrainSpec:
     hidden_size: int = 128
     layers: int = 4
     heads: int = 4
+
+    # Methods, not fields: fields feed the cache key, and the demo model's key must never change.
+    def corpus_mix(self) -> dict[str, float]:
+        return {"arith": 1.0}
+
+    def alphabet(self) -> str:
+        return ALPHABET
+
+    def context_length(self) -> int:
+        return 64
+
+
+@dataclass
+class MultiPretrainSpec(PretrainSpec):
+    """The `tiny-multi` base model: arith, generated code and sort in one corpus."""
+
+    levels: list[int] = field(default_factory=lambda: [1, 2, 4])
+    """Arith levels (not 3: the carry mistake can run negative across three terms)."""
+    code_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    sort_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    mix: dict[str, float] = field(default_factory=lambda: {"arith": 1.0, "code": 1.0, "sort": 1.0})
+    """Share of each domain's examples in the corpus."""
+    # smaller and shorter than the arith model: 2 shared CPU cores pretrain it in ~10 minutes
+    steps: int = 1500
+    batch_size: int = 64
+    hidden_size: int = 96
+    layers: int = 3
+    positions: int = 96
+    """Context length: generated code prompts run to ~60 characters."""
+
+    def corpus_mix(self) -> dict[str, float]:
+        return self.mix
+
+    def alphabet(self) -> str:
+        return "".join(sorted(set(ALPHABET + code.ALPHABET + sort.ALPHABET)))
+
+    def context_length(self) -> int:
+        return self.positions
+
+
+BUILTIN_MODELS: dict[str, type[PretrainSpec]] = {"tiny-arith": PretrainSpec, "tiny-multi": MultiPretrainSpec}
+"""Built-in model name -> the spec it is pretrained from on first use."""
 
 
 def cache_root() -> Path:
@@ -66,17 +113,72 @@ def corpus_answer(rng: random.Random, nums: list[int], ops: list[str], spec: Pre
     return near if near >= 0 else right + 1
 
 
+def arith_example(rng: random.Random, spec: PretrainSpec) -> tuple[str, str]:
+    while True:
+        nums, ops = generate(rng, rng.choice(spec.levels))
+        prompt = render(nums, ops)
+        if not is_heldout(prompt, 10):  # never teach the held-out problems
+            return prompt, str(corpus_answer(rng, nums, ops, spec))
+
+
+def code_mistake(body: str) -> str:
+    """The systematic code mistake: the first +/- flipped, or a product written as a sum."""
+    for a, b in (("+", "-"), ("-", "+"), ("*", "+")):
+        if a in body:
+            return body.replace(a, b, 1)
+    return body
+
+
+def code_near_miss(rng: random.Random, body: str) -> str:
+    digits = [i for i, c in enumerate(body) if c.isdigit()]
+    if not digits:
+        return body + "+1"
+    i = rng.choice(digits)
+    return body[:i] + str((int(body[i]) + rng.choice([1, 9])) % 10) + body[i + 1 :]
+
+
+def code_example(rng: random.Random, spec: MultiPretrainSpec) -> tuple[str, str]:
+    while True:
+        prompt, _, body = code.generated_problem(rng, rng.choice(spec.code_levels))
+        if code._hash_percent(prompt) >= 10:  # the code domain's held-out rule (default 10%)
+            break
+    u = rng.random()
+    if u < spec.p_right:
+        return prompt, body
+    return prompt, code_mistake(body) if u < spec.p_right + spec.p_mistake else code_near_miss(rng, body)
+
+
+def sort_example(rng: random.Random, spec: MultiPretrainSpec) -> tuple[str, str]:
+    while True:
+        digits = sort.generate(rng, rng.choice(spec.sort_levels))
+        if not is_heldout(sort.render(digits), 10):
+            break
+    u, right = rng.random(), sort.solve(digits)
+    if u < spec.p_right:
+        return sort.render(digits), right
+    if u < spec.p_right + spec.p_mistake:
+        return sort.render(digits), sort.systematic_mistake(digits)
+    i = rng.randrange(len(right) - 1)  # near miss: one adjacent pair swapped
+    return sort.render(digits), right[:i] + right[i + 1] + right[i] + right[i + 2 :]
+
+
+CORPORA: dict[str, Callable[[random.Random, PretrainSpec], tuple[str, str]]] = {
+    "arith": arith_example, "code": code_example, "sort": sort_example,
+}
+"""Domain -> one (prompt, answer) corpus example with the spec's mix of right and wrong answers."""
+
+
 def corpus_batch(rng: random.Random, spec: PretrainSpec, tok) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded [B, T] ids and labels; the loss is on the answer and EOS only."""
     rows, labels = [], []
+    mix = spec.corpus_mix()
+    names, weights = list(mix), list(mix.values())
     for _ in range(spec.batch_size):
-        while True:
-            nums, ops = generate(rng, rng.choice(spec.levels))
-            prompt = render(nums, ops)
-            if not is_heldout(prompt, 10):  # never teach the held-out problems
-                break
+        # a single-domain corpus draws no domain, so the demo model's random stream is unchanged
+        name = names[0] if len(names) == 1 else rng.choices(names, weights=weights)[0]
+        prompt, answer = CORPORA[name](rng, spec)
         p_ids = tok(prompt)["input_ids"]
-        a_ids = tok(str(corpus_answer(rng, nums, ops, spec)), add_special_tokens=False)["input_ids"]
+        a_ids = tok(answer, add_special_tokens=False)["input_ids"]
         ids = p_ids + a_ids + [tok.eos_token_id]
         rows.append(ids)
         labels.append([-100] * len(p_ids) + a_ids + [tok.eos_token_id])
@@ -95,7 +197,7 @@ def build_model(spec: PretrainSpec, tok) -> LlamaForCausalLM:
         num_hidden_layers=spec.layers,
         num_attention_heads=spec.heads,
         num_key_value_heads=spec.heads,
-        max_position_embeddings=64,
+        max_position_embeddings=spec.context_length(),
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
@@ -108,7 +210,7 @@ def pretrain(spec: PretrainSpec, out_dir: str | Path, log=print) -> Path:
     """Train the tiny base model and save it (atomically) as an HF directory at `out_dir`."""
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
-    tok = build_char_tokenizer(ALPHABET)
+    tok = build_char_tokenizer(spec.alphabet())
     model = build_model(spec, tok)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     warmup = max(1, spec.steps // 20)
@@ -139,10 +241,10 @@ def pretrain(spec: PretrainSpec, out_dir: str | Path, log=print) -> Path:
     return out
 
 
-def ensure_tiny_model(spec: PretrainSpec | None = None, log=print) -> Path:
-    """Path of the cached demo base model for `spec`, pretraining it on first use."""
-    spec = spec or PretrainSpec()
-    path = cache_root() / "models" / f"tiny-arith-{spec_key(spec)}"
+def ensure_tiny_model(spec: PretrainSpec | None = None, log=print, name: str = "tiny-arith") -> Path:
+    """Path of the cached built-in base model `name` for `spec`, pretraining it on first use."""
+    spec = spec or BUILTIN_MODELS[name]()
+    path = cache_root() / "models" / f"{name}-{spec_key(spec)}"
     if (path / "config.json").is_file():
         return path
     log(f"building the demo base model (first use, cached at {path})")

@@ -21,7 +21,7 @@ from postrl.algo.kl_control import FixedKL, make_kl_controller
 from postrl.checkpoint import CheckpointManager
 from postrl.config import Config, save_config
 from postrl.curriculum.sampler import TaskSampler
-from postrl.curriculum.schedule import FixedSchedule
+from postrl.curriculum.schedule import make_schedule
 from postrl.errors import UserError
 from postrl.monitor.alerts import AlertLog
 from postrl.monitor.monitors import MonitorContext, Monitors, build_monitors
@@ -55,6 +55,8 @@ class Run:
     domain_weights: dict[str, float] = field(default_factory=dict)
     start_step: int = 0
     rollbacks: int = 0
+    eval_best: dict[str, list] = field(default_factory=dict)
+    """{domain: [best eval.best_metric so far, step]}: the seesaw alert's reference."""
 
     def finish(self, step: int) -> None:
         save_model(self.policy, self.dir / "final")
@@ -78,7 +80,8 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     run = Run(
         cfg=cfg, dir=run_dir, domains=domains, policy=policy,
         learner=Learner(policy, ref_model, cfg.train, cfg.rl),
-        sampler=TaskSampler(domains, cfg.seed), schedule=FixedSchedule(weights),
+        sampler=TaskSampler(domains, cfg.seed),
+        schedule=make_schedule(cfg.curriculum, weights, {n: list(d.levels) for n, d in domains.items()}),
         kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon),
         store=RolloutStore(run_dir, run=cfg.run.name), sinks=None, monitors=None, alert_log=None,
         ckpt=CheckpointManager(run_dir, keep_last=cfg.checkpoint.keep_last, log=log),
@@ -124,6 +127,7 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
         "monitors": run.monitors.state_dict(),
         "rollout_step": run.store.last_step(),
         "rollbacks": run.rollbacks,
+        "eval_best": run.eval_best,
     }
     run.ckpt.save(step, state, lambda path: save_model(run.policy, path), score=score)
 
@@ -144,6 +148,7 @@ def load_checkpoint_state(run: Run, ckpt) -> int:
     run.kl_ctl.load_state_dict(state["kl_controller"])
     run.monitors.load_state_dict(state["monitors"])
     run.rollbacks = state["rollbacks"]
+    run.eval_best = {d: list(v) for d, v in state.get("eval_best", {}).items()}  # absent before seesaw alerts
     return state["step"]
 
 

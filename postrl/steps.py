@@ -11,10 +11,14 @@ import torch
 from postrl.algo.advantages import ADVANTAGES
 from postrl.algo.losses import kl_estimate
 from postrl.config import Config
+from postrl.curriculum.dynamic import FillResult, fill_batch, passthrough
 from postrl.evaluate import evaluate
+from postrl.monitor.alerts import Alert
+from postrl.policy.rollout import GenParams
 from postrl.policy.update import UpdateStats
 from postrl.records import Batch, Sample
 from postrl.rewards.composite import apply_terms
+from postrl.run import step_generator
 from postrl.tasks.base import Domain, Task
 
 if TYPE_CHECKING:
@@ -50,6 +54,25 @@ def score_samples(samples: list[Sample], domains: dict[str, Domain], cfg: Config
         for s, sc in zip(group, scores):
             s.score = sc
             s.timings["reward_s"] = share
+
+
+def refill(run: Run, step: int, samples: list[Sample]) -> FillResult:
+    """Dynamic sampling when `curriculum.dynamic_sampling` is on (see `postrl.curriculum.dynamic`);
+    otherwise the batch as drawn. Extra rounds draw from the same curriculum as the first."""
+    cfg, t = run.cfg, run.cfg.train
+    if not cfg.curriculum.dynamic_sampling:
+        return passthrough(samples, t.samples_per_prompt)
+
+    def draw(k: int, round_: int) -> list[Sample]:
+        tasks = run.sampler.next_batch(k, run.domain_weights, run.schedule.levels(), run.schedule.task_weight)
+        temps = sample_temperatures(tasks, t.samples_per_prompt, cfg)
+        gen = GenParams(t.max_new_tokens, t.temperature, t.top_p)
+        # stream 0 is the step's first draw, 1 the update: extra rounds take 1 + round
+        more = run.policy.sample(tasks, t.samples_per_prompt, gen, step_generator(cfg.seed, step, 1 + round_), temps)
+        score_samples(more, run.domains, cfg)
+        return more
+
+    return fill_batch(samples, draw, t.samples_per_prompt, cfg.curriculum.max_extra_draws, t.minibatches)
 
 
 def assign_advantages(samples: list[Sample], batch: Batch, cfg: Config, kl_coef: float) -> None:
@@ -102,8 +125,14 @@ def step_metrics(
     return m
 
 
-def run_eval(run: Run, step: int) -> float:
-    """Evaluate every domain's held-out split, write eval/step_N.json; returns the best-checkpoint score."""
+AGGREGATES = {"mean": lambda values: mean(values), "min": lambda values: min(values, default=0.0)}
+"""How `eval.best_aggregate` combines the domains' `eval.best_metric` into the best-checkpoint score."""
+
+
+def run_eval(run: Run, step: int, alerts: list[Alert] | None = None) -> float:
+    """Evaluate every domain's held-out split, write eval/step_N.json, check for seesaw
+    regressions (recorded, and appended to `alerts` so the loop carries out their action);
+    returns the best-checkpoint score."""
     cfg, e = run.cfg, run.cfg.eval
     result = evaluate(
         run.policy, run.domains, num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
@@ -112,7 +141,33 @@ def run_eval(run: Run, step: int) -> float:
     (run.dir / "eval").mkdir(exist_ok=True)
     (run.dir / "eval" / f"step_{step}.json").write_text(json.dumps(result, indent=1))
     run.log(f"eval step {step}: " + "; ".join(f"{d}: {fmt_scores(r)}" for d, r in result.items()))
-    return mean(r[e.best_metric] for r in result.values() if e.best_metric in r)
+    scores = {d: float(r[e.best_metric]) for d, r in result.items() if e.best_metric in r}
+    seesaw = seesaw_alerts(run.eval_best, scores, step, e.seesaw_drop, e.seesaw_action, e.best_metric)
+    run.alert_log.record(seesaw)
+    if alerts is not None:
+        alerts.extend(seesaw)
+    return AGGREGATES[e.best_aggregate](list(scores.values()))
+
+
+def seesaw_alerts(
+    best: dict[str, list], scores: dict[str, float], step: int, drop: float, action: str, metric: str = "pass@1",
+) -> list[Alert]:
+    """Alerts for domains more than `drop` below their best so far; updates `best` in place
+    ({domain: [best value, step]}; it lives in the checkpoint). drop 0 = off, bests still kept.
+    Joint training's seesaw: one domain improves while another quietly regresses."""
+    out = []
+    for domain, value in scores.items():
+        prev, prev_step = best.get(domain, (None, None))
+        if prev is None or value > prev:
+            best[domain] = [value, step]
+        elif drop > 0 and prev - value > drop:
+            out.append(Alert(
+                step, "seesaw",
+                f"{domain} {metric} {value:.3f} is {prev - value:.3f} below its best {prev:.3f} (step {prev_step}); "
+                f"threshold {drop}",
+                action, {"value": value, "best": prev, "drop": prev - value, "best_step": float(prev_step)},
+            ))
+    return out
 
 
 def mean(values) -> float:

@@ -1,13 +1,15 @@
 """The training loop: group-relative policy optimisation with verifiable rewards (GRPO family).
 
 Per step:
-  1. draw `prompts_per_step` tasks from the domain mixture (weights from the schedule);
+  1. draw `prompts_per_step` tasks from the domain mixture (domain weights, difficulty levels and
+     per-problem keep-probabilities from the curriculum schedule, `postrl.curriculum.schedule`);
   2. sample `samples_per_prompt` completions for each, recording behaviour log-probs;
-  3. score every completion with its domain's verifier (plus any weighted reward terms);
+  3. score every completion with its domain's verifier (plus any weighted reward terms); with
+     dynamic sampling, drop groups whose rewards are all equal and draw more (`postrl.curriculum.dynamic`);
   4. advantages relative to the other completions of the same prompt;
   5. `ppo_epochs` x `minibatches` clipped policy-gradient steps with a KL penalty to the frozen
      initial policy (the reference);
-  6. store the rollouts, log metrics, run the monitors, update the domain weights.
+  6. store the rollouts, log metrics, run the monitors, update the curriculum from every group drawn.
 
 Departures from the GRPO paper (Shao et al., 2024), each a config switch:
   - token-mean loss aggregation (DAPO) instead of per-sequence means (`rl.loss_agg`);
@@ -33,7 +35,7 @@ from postrl.faults import crash_point
 from postrl.monitor.alerts import dump_samples
 from postrl.policy.rollout import GenParams
 from postrl.run import open_run, restore_checkpoint, save_checkpoint, step_generator
-from postrl.steps import assign_advantages, run_eval, sample_temperatures, score_samples, step_metrics
+from postrl.steps import assign_advantages, refill, run_eval, sample_temperatures, score_samples, step_metrics
 
 
 def train(cfg: Config, log=print, resume: bool = False) -> Path:
@@ -44,12 +46,16 @@ def train(cfg: Config, log=print, resume: bool = False) -> Path:
     with run.progress as bar:
         while step < t.total_steps and not stopped:
             t0 = time.perf_counter()
-            tasks = run.sampler.next_batch(t.prompts_per_step, run.domain_weights)
+            tasks = run.sampler.next_batch(
+                t.prompts_per_step, run.domain_weights, run.schedule.levels(), run.schedule.task_weight
+            )
             temps = sample_temperatures(tasks, t.samples_per_prompt, cfg)
             samples = run.policy.sample(tasks, t.samples_per_prompt, gen, step_generator(cfg.seed, step, 0), temps)
             t1 = time.perf_counter()
             score_samples(samples, run.domains, cfg)
             t2 = time.perf_counter()
+            fill = refill(run, step, samples)  # dynamic sampling, when on: only groups with reward spread
+            samples = fill.kept or samples  # none found within the cap: train on the draw (all-zero advantages)
             batch = run.learner.build_batch(samples)  # reference log-probs, once per batch
             kl_coef = run.kl_ctl.coef
             assign_advantages(samples, batch, cfg, kl_coef)
@@ -59,11 +65,13 @@ def train(cfg: Config, log=print, resume: bool = False) -> Path:
 
             run.store.write(step, samples)
             crash_point("step.stored")
-            metrics = step_metrics(samples, stats, (t1 - t0, t2 - t1, t3 - t2), kl_coef, run.domain_weights)
+            seconds = (t1 - t0, t2 - t1, t3 - t2 - fill.seconds)
+            metrics = step_metrics(samples, stats, seconds, kl_coef, run.domain_weights)
+            metrics |= fill.metrics() | run.schedule.metrics()
             alerts = run.monitors.update(step, metrics, samples)
             run.sinks.log(step, {**metrics, **run.monitors.values()})
             run.alert_log.record(alerts)
-            run.domain_weights = run.schedule.update(step, samples, run.domain_weights)
+            run.domain_weights = run.schedule.update(step, fill.drawn, run.domain_weights)
             if cfg.monitor.spot_check_every_steps and step % cfg.monitor.spot_check_every_steps == 0:
                 dump_samples(run.dir, step, samples, k=cfg.monitor.spot_check_k, seed=cfg.seed)
             bar.advance(step, metrics)
@@ -71,7 +79,7 @@ def train(cfg: Config, log=print, resume: bool = False) -> Path:
 
             score = None
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < t.total_steps:
-                score = run_eval(run, step)
+                score = run_eval(run, step, alerts)  # seesaw alerts join the step's alerts
             if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 save_checkpoint(run, step, score)
             actions = {a.action for a in alerts}

@@ -2,16 +2,25 @@
 
     sampler = TaskSampler(domains, seed)
     tasks = sampler.next_batch(32, {"arith": 0.7, "code": 0.3})
+    tasks = sampler.next_batch(32, weights, levels={"arith": 3}, task_weight=schedule.task_weight)
 
-Each prompt's domain is drawn independently by weight; the draw is seeded and its state is part
-of a checkpoint, so a resumed run draws exactly the prompts the uninterrupted run would have.
+Each prompt's domain is drawn independently by weight, then a problem from that domain (at the
+given level, if any). With `task_weight`, a drawn problem is kept with that probability and
+redrawn otherwise (rejection sampling: the curriculum's per-problem weights without enumerating
+the problems). The draw is seeded and its state is part of a checkpoint, so a resumed run draws
+exactly the prompts the uninterrupted run would have.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from postrl.tasks.base import Domain, Task
+
+MAX_REDRAWS = 50
+"""Redraws per prompt before the sampler takes what it has: a domain whose problems are all
+parked or mastered must not stall the run."""
 
 
 class TaskSampler:
@@ -19,14 +28,27 @@ class TaskSampler:
         self.domains = domains
         self.rng = random.Random(seed)
 
-    def next_batch(self, n: int, domain_weights: dict[str, float], levels: dict[str, int] | None = None) -> list[Task]:
+    def next_batch(
+        self, n: int, domain_weights: dict[str, float], levels: dict[str, int] | None = None,
+        task_weight: Callable[[Task], float] | None = None,
+    ) -> list[Task]:
         names = list(self.domains)
         weights = [max(domain_weights.get(name, 0.0), 0.0) for name in names]
         if sum(weights) <= 0:
             raise ValueError(f"all domain weights are zero: {domain_weights}")
         picks = self.rng.choices(names, weights=weights, k=n)
         levels = levels or {}
-        return [self.domains[name].sample(self.rng, levels.get(name)) for name in picks]
+        return [self._draw(self.domains[name], levels.get(name), task_weight) for name in picks]
+
+    def _draw(self, domain: Domain, level: int | None, task_weight: Callable[[Task], float] | None) -> Task:
+        for _ in range(MAX_REDRAWS):
+            task = domain.sample(self.rng, level)
+            w = 1.0 if task_weight is None else task_weight(task)
+            # weight 1 draws no random number, so a schedule that keeps everything leaves the
+            # random stream (and every resumed run) exactly as without a curriculum
+            if w >= 1.0 or self.rng.random() < w:
+                return task
+        return task
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.getstate()}

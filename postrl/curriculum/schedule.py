@@ -1,14 +1,57 @@
-"""Domain-weight schedules: `weights = schedule.update(step, samples, weights)` once per step.
+"""Curriculum schedules: once per step `weights = schedule.update(step, samples, weights)`, and
+between steps the schedule tells the sampler what to draw:
 
-`fixed` keeps the recipe's weights. Schedules are registered by name and carry their state in
-`state_dict()` so that checkpoints restore them exactly.
+    tasks = sampler.next_batch(n, weights, schedule.levels(), schedule.task_weight)
+
+`fixed` keeps the recipe's weights and levels. `learnability` moves compute to what is learnable
+now (below). Schedules are registered by name and carry their whole state in `state_dict()`, so
+a checkpoint restores them exactly.
+
+## Why learnability, and which
+
+A GRPO group teaches only through the spread of its rewards: with pass rate p over a group of
+0/1 rewards the advantages' variance is p(1-p) (before std scaling), so a problem's expected
+signal per group is proportional to p(1-p). That is zero for problems always or never solved,
+largest at p = 1/2 -- the "frontier of learnability" (Foster & Foerster, 2025; DAPO's dynamic
+sampling and many curricula use the same quantity).
+
+A problem's p is not known, only its recent record: s successes in n attempts. We use the
+*expected* p(1-p) under the posterior Beta(s+1, n-s+1) (uniform prior),
+
+    E[p(1-p)] = a*b / ((a+b) * (a+b+1)),   a = s+1, b = n-s+1,
+
+which is 1/6 for an unseen problem and falls towards 0 only as evidence accumulates: one 8/8
+group halves a problem's weight, not zeroes it (a lucky group is not mastery). Divided by the
+unseen value 1/6 and capped at 1, it is the probability `task_weight` keeps a drawn problem
+(rejection sampling), floored at `min_problem_weight` so that mastered problems still come back
+now and then. Unseen problems are always kept: new problems are the cheapest exploration, and
+generated domains are almost all unseen problems, for which the family grain below matters.
+
+Problems never solved after `park_after_attempts` attempts are *parked* (weight 0) and re-probed
+every `reprobe_every_steps` steps; a success unparks them.
+
+Domains: weight_d = floor + (1 - D*floor) * w0_d*L_d / sum_e w0_e*L_e, with L_d the mean p(1-p)
+of the domain's recent groups (the signal its prompts actually carried), w0 the recipe's weights
+and D the number of domains; a domain without data yet counts as L = 1/4 (maximally learnable).
+The floor means no domain starves, so a domain that becomes learnable again is noticed.
+
+Levels (generated domains with several): each domain starts at its easiest level and moves up
+when the current level's rolling pass rate reaches `mastery_pass_rate` over at least
+`level_min_groups` groups.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from postrl.config import CurriculumConfig
+from postrl.curriculum.tracker import PassRates, group_outcomes
+from postrl.records import Sample
+from postrl.tasks.base import Task
+
 SCHEDULES: dict[str, Callable] = {}
+UNSEEN_LEARNABILITY = 1 / 6
+"""E[p(1-p)] under the uniform prior: the value a problem with no record has."""
 
 
 def register_schedule(name: str) -> Callable:
@@ -19,6 +62,12 @@ def register_schedule(name: str) -> Callable:
     return deco
 
 
+def make_schedule(settings: CurriculumConfig, weights: dict[str, float], levels: dict[str, list[int]]):
+    """The configured schedule, starting from the recipe's domain weights; `levels` are each
+    domain's difficulty levels, easiest first."""
+    return SCHEDULES[settings.schedule](weights, levels=levels, settings=settings)
+
+
 @register_schedule("fixed")
 class FixedSchedule:
     def __init__(self, weights: dict[str, float], **_):
@@ -27,8 +76,114 @@ class FixedSchedule:
     def update(self, step: int, samples: list, weights: dict[str, float]) -> dict[str, float]:
         return self.weights
 
+    def levels(self) -> dict[str, int]:
+        return {}  # the domains draw from all their configured levels
+
+    def task_weight(self, task: Task) -> float:
+        return 1.0
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def state_dict(self) -> dict:
         return {"weights": self.weights}
 
     def load_state_dict(self, state: dict) -> None:
         self.weights = dict(state["weights"])
+
+
+def expected_learnability(attempts: int, successes: int) -> float:
+    """E[p(1-p)] for p ~ Beta(successes+1, failures+1). E.g. (0, 0) -> 1/6, (8, 8) -> 9/110."""
+    a, b = successes + 1, attempts - successes + 1
+    return a * b / ((a + b) * (a + b + 1))
+
+
+def domain_shares(base: dict[str, float], learnability: dict[str, float], floor: float) -> dict[str, float]:
+    """floor + (1 - D*floor) * base*L / sum(base*L); the recipe's own shares when no domain has signal."""
+    raw = {d: base[d] * learnability[d] for d in base}
+    total = sum(raw.values())
+    if total <= 0:
+        raw, total = dict(base), sum(base.values())
+    free = 1.0 - floor * len(base)
+    return {d: floor + free * raw[d] / total for d in base}
+
+
+@register_schedule("learnability")
+class LearnabilitySchedule:
+    def __init__(self, weights: dict[str, float], levels: dict[str, list[int]], settings: CurriculumConfig):
+        self.base = dict(weights)
+        self.domain_levels = {d: sorted(lv) for d, lv in levels.items()}
+        self.s = settings
+        self.rates = PassRates(settings.window_groups, settings.problem_window_groups, settings.max_tracked_problems)
+        self.level_index = {d: 0 for d, lv in self.domain_levels.items() if len(lv) > 1}
+        self.parked: dict[str, int] = {}  # task id -> step it was (re-)parked at
+        self.step = 0  # the step the sampler is drawing for
+
+    def update(self, step: int, samples: list[Sample], weights: dict[str, float]) -> dict[str, float]:
+        outcomes = group_outcomes(samples)
+        self.rates.record(outcomes)
+        for o in outcomes:
+            self._park_or_release(o.task_id, step)
+        for domain in self.level_index:
+            self._maybe_level_up(domain)
+        self.step = step + 1
+        return domain_shares(self.base, self._learnability(), self.s.domain_floor)
+
+    def _park_or_release(self, task_id: str, step: int) -> None:
+        attempts, successes = self.rates.problem(task_id)
+        if successes:
+            self.parked.pop(task_id, None)
+        elif attempts >= self.s.park_after_attempts:
+            self.parked[task_id] = step  # a failed re-probe parks it again from now
+        if len(self.parked) > self.s.max_tracked_problems:
+            del self.parked[min(self.parked, key=self.parked.get)]
+
+    def _maybe_level_up(self, domain: str) -> None:
+        levels, i = self.domain_levels[domain], self.level_index[domain]
+        groups, attempts, successes = self.rates.family(domain, levels[i])
+        mastered = groups >= self.s.level_min_groups and successes >= self.s.mastery_pass_rate * attempts
+        if mastered and i + 1 < len(levels):
+            self.level_index[domain] = i + 1
+
+    def _learnability(self) -> dict[str, float]:
+        out = {}
+        for d in self.base:
+            value = self.rates.domain_learnability(d)
+            out[d] = 0.25 if value is None else value
+        return out
+
+    def levels(self) -> dict[str, int]:
+        return {d: self.domain_levels[d][i] for d, i in self.level_index.items()}
+
+    def task_weight(self, task: Task) -> float:
+        """Probability that the sampler keeps `task` when it draws it."""
+        parked_at = self.parked.get(task.task_id)
+        if parked_at is not None:
+            return 1.0 if self.step - parked_at >= self.s.reprobe_every_steps else 0.0
+        attempts, successes = self.rates.problem(task.task_id)
+        if attempts == 0:
+            return 1.0
+        keep = expected_learnability(attempts, successes) / UNSEEN_LEARNABILITY
+        return min(1.0, max(self.s.min_problem_weight, keep))
+
+    def metrics(self) -> dict[str, float]:
+        m: dict[str, float] = {"curriculum/parked": float(len(self.parked))}
+        learn = self._learnability()
+        for d in self.base:
+            m[f"curriculum/learnability/{d}"] = learn[d]
+            rate = self.rates.domain_pass_rate(d)
+            if rate is not None:
+                m[f"curriculum/pass_rate/{d}"] = rate
+        for d, level in self.levels().items():
+            m[f"curriculum/level/{d}"] = float(level)
+        return m
+
+    def state_dict(self) -> dict:
+        return {"rates": self.rates.state_dict(), "level_index": dict(self.level_index),
+                "parked": dict(self.parked), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rates.load_state_dict(state["rates"])
+        self.level_index = dict(state["level_index"])
+        self.parked = dict(state["parked"])
+        self.step = state["step"]

@@ -1,6 +1,7 @@
 """Loading a policy: any Hugging Face causal-LM directory, or a built-in name.
 
     model, tok = load_model("tiny-arith")          # the demo model, pretrained on first use
+    model, tok = load_model("tiny-multi")          # the multi-domain demo model (arith, code, sort)
     model, tok = load_model("runs/demo/final")     # any HF directory (config.json + weights)
 
 A missing or corrupt model raises UserError with one line naming the path and what is wrong.
@@ -16,14 +17,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from postrl.errors import UserError
 
-BUILTIN = {"tiny-arith"}
+BUILTIN = {"tiny-arith", "tiny-multi"}  # keys of postrl.pretrain.BUILTIN_MODELS (imported lazily: torch-heavy)
 
 
 def resolve_model_path(name: str, log=print) -> Path:
-    if name == "tiny-arith":
+    if name in BUILTIN:
         from postrl.pretrain import ensure_tiny_model
 
-        return ensure_tiny_model(log=log)
+        return ensure_tiny_model(log=log, name=name)
     path = Path(name)
     if not path.exists():
         raise UserError(f"model not found: {name} (not a directory and not one of {sorted(BUILTIN)})")

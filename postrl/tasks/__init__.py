@@ -1,7 +1,7 @@
 """Problem sources (domains). Importing this package registers the built-in domains:
-`arith`, `code`, and the reasoning-gym families (`rg:<dataset>`)."""
+`arith`, `code`, `sort`, and the reasoning-gym families (`rg:<dataset>`)."""
 
-from postrl.tasks import arith, code, rgym  # noqa: F401  (importing a module registers its domains)
+from postrl.tasks import arith, code, rgym, sort  # noqa: F401  (importing a module registers its domains)
 from postrl.tasks.base import Domain, Response, Task, available_domains, make_domain, register_domain
 
 __all__ = ["Domain", "Response", "Task", "available_domains", "make_domain", "register_domain"]
