@@ -171,3 +171,28 @@ def test_fast_forward_matches_transformers(family):
     for p, g in zip(prompts, gens):
         ref = model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, eos_token_id=0, pad_token_id=1)
         assert g.token_ids == ref[0, len(p) :].tolist()
+
+
+def test_shared_prefix_gradients_equal_per_row_gradients(tiny):
+    """A group's rows share their prompt's states; the gradient must still be the per-row sum."""
+    model, tok, prompts = tiny
+    gens = sample(tiny, GenParams(6))
+    rows = [p + g.token_ids for p, g in zip(prompts, gens)]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    attn = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], attn[i, : len(row)] = torch.tensor(row), 1
+    weights = torch.randn(len(rows), width - 1, generator=torch.Generator().manual_seed(0)) * attn[:, 1:]
+
+    def grads(logp):
+        model.zero_grad()
+        (logp * weights).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    ours = grads(token_logprobs(model, ids, attn, torch.ones(len(rows)))[0])
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1]
+    ref = grads(torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1))
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)

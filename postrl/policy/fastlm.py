@@ -107,26 +107,30 @@ class FastLM:
         head = self.model.lm_head
         return F.linear(hidden, head.weight, head.bias)
 
-    def hidden(self, ids, cos, sin, bias, layers, kv=None, start: int = 0, causal: bool = False):
-        """Final-norm hidden states [B, S, H] for ids [B, S].
+    def hidden(self, ids, cos, sin, bias, layers, kv=None, start: int = 0, causal: bool = False, share=None):
+        """Final-norm hidden states for ids [B, S]: [B, S, H], or [N, H] with `share`.
 
         cos, sin: [B, S, D] rotary rows at each token's position. bias: additive attention mask
         [B, 1, S, T] (0 or -inf) or None with `causal` for right-padded rows. kv: a cache from
         `new_cache`; the new keys/values are written at columns start..start+S and attention
-        covers columns 0..start+S."""
-        x = F.embedding(ids, self.model.model.embed_tokens.weight)
-        b, s, _ = x.shape
+        covers columns 0..start+S. share: a `Shared` from `shared_prefixes`; norms, projections
+        and the MLP (nearly all the FLOPs) then run once per distinct prefix, and only
+        attention sees the tokens in their [B, S] places."""
+        b, s = ids.shape
+        if share is not None:
+            ids, cos, sin = ids.flatten()[share.owner], cos.flatten(0, 1)[share.owner], sin.flatten(0, 1)[share.owner]
+        embed = self.model.model.embed_tokens
+        # padding_idx as the module has it: that row receives no gradient through the input side
+        x = F.embedding(ids, embed.weight, padding_idx=embed.padding_idx)  # [B, S, H] or [N, H]
+        cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over heads
         h, hk, d = self.heads, self.kv_heads, self.head_dim
-        cos, sin = cos[:, :, None], sin[:, :, None]  # broadcast over heads
         for i, w in enumerate(layers):
             y = F.rms_norm(x, (x.shape[-1],), w.ln1, self.eps)
-            qkv = F.linear(y, w.qkv_w, w.qkv_b).view(b, s, h + 2 * hk, d)
-            qk, v = qkv[:, :, : h + hk], qkv[:, :, h + hk :]
-            half = d // 2
-            rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rot * sin  # rotary on queries and keys in one pass
-            q = qk[:, :, :h].transpose(1, 2)
-            k, v = qk[:, :, h:].transpose(1, 2), v.transpose(1, 2)
+            qkv = F.linear(y, w.qkv_w, w.qkv_b).unflatten(-1, (h + 2 * hk, d))
+            qk, v = qkv[..., : h + hk, :], qkv[..., h + hk :, :]
+            rot = torch.cat((-qk[..., d // 2 :], qk[..., : d // 2]), dim=-1)
+            qk = _spread(qk * cos + rot * sin, share, b, s)  # rotary on queries and keys in one pass
+            q, k, v = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), _spread(v, share, b, s).transpose(1, 2)
             if kv is not None:
                 kc, vc = kv[i]
                 kc[:, :, start : start + s] = k
@@ -134,13 +138,52 @@ class FastLM:
                 k, v = kc[:, :, : start + s], vc[:, :, : start + s]
             att = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, is_causal=causal and bias is None, enable_gqa=hk != h
-            )
-            x = x + F.linear(att.transpose(1, 2).reshape(b, s, h * d), w.o_w, w.o_b)
+            ).transpose(1, 2)  # [B, S, heads, D]
+            att = att.reshape(b, s, h * d) if share is None else att.reshape(b * s, h * d)[share.owner]
+            x = x + F.linear(att, w.o_w, w.o_b)
             y = F.rms_norm(x, (x.shape[-1],), w.ln2, self.eps)
             gate, up = F.linear(y, w.gate_up_w, w.gate_up_b).split(self.inter, dim=-1)
             x = x + F.linear(self.act(gate) * up, w.down_w, w.down_b)
-        norm = self.model.model.norm
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+        return F.rms_norm(x, (x.shape[-1],), self.model.model.norm.weight, self.eps)
+
+
+@dataclass
+class Shared:
+    """Distinct prefixes of a padded [B, S] batch. A token's hidden state depends only on the
+    real tokens up to it (positions count real tokens; attention never reaches padding), so
+    rows that start alike (a group's samples share their prompt, often their first answer
+    tokens too) share those states: compute each once, gather where needed. Gradients are
+    exact: the gather's backward sums every row's contribution into the shared state."""
+
+    owner: torch.Tensor
+    """[N] flat position (b * S + t) where each distinct prefix's last token is computed."""
+    slot: torch.Tensor
+    """[B * S] index into the N distinct prefixes for each position (0 for padding)."""
+
+
+def shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Shared:
+    """A trie over each row's real tokens: one node per distinct prefix."""
+    b, s = input_ids.shape
+    nodes: dict[tuple[int, int], int] = {}
+    owner: list[int] = []
+    slot = [0] * (b * s)
+    for r, (row, keep) in enumerate(zip(input_ids.tolist(), attention_mask.tolist())):
+        parent = -1
+        for t, (tok, real) in enumerate(zip(row, keep)):
+            if not real:
+                continue
+            node = nodes.setdefault((parent, tok), len(owner))
+            if node == len(owner):
+                owner.append(r * s + t)
+            slot[r * s + t] = parent = node
+    return Shared(torch.tensor(owner), torch.tensor(slot))
+
+
+def _spread(t: torch.Tensor, share: Shared | None, b: int, s: int) -> torch.Tensor:
+    """[N, heads, D] per distinct prefix -> [B, S, heads, D] per position (differentiable gather)."""
+    if share is None:
+        return t
+    return t[share.slot].view(b, s, *t.shape[1:])
 
 
 def padding_bias(key_valid: torch.Tensor, queries: int, dtype) -> torch.Tensor:

@@ -6,15 +6,17 @@ log-softmax is never kept: logp(token) = logit[token] - logsumexp(logits), which
 responses with large vocabularies). Pass `needed` (the loss mask) and the vocabulary
 projection runs on those positions only: prompt positions cost the backbone, not the head.
 
-Llama-family models run through `FastLM` (the same function with far fewer Python-level ops,
-and causal SDPA without any mask tensor when rows are right-padded, as the learner's are).
+Llama-family models run through `FastLM`: the same function with far fewer Python-level ops,
+causal SDPA without any mask tensor when rows are right-padded (as the learner's are), and
+every distinct prefix computed once, so padding costs nothing and a group's shared prompt is
+run (and back-propagated) once rather than once per sample.
 """
 
 from __future__ import annotations
 
 import torch
 
-from postrl.policy.fastlm import FastLM, padding_bias
+from postrl.policy.fastlm import FastLM, padding_bias, shared_prefixes
 
 
 def token_logprobs(
@@ -32,34 +34,38 @@ def token_logprobs(
     temperature, and the entropy [B, T-1] of that distribution (or None). Where `needed` is
     given, positions outside it are 0 in both. The entropy carries a gradient only when
     `entropy_grad` (an entropy bonus); as a metric it is computed detached."""
-    hidden, head = _final_hidden(model, input_ids, attention_mask)  # [B, T-1, H]
     targets = input_ids[:, 1:]
     temps = temperature[:, None].expand(targets.shape)
-    if needed is not None:
-        keep = needed.bool()
-        hidden, targets, temps = hidden[keep], targets[keep], temps[keep]  # [N, H], [N], [N]
+    keep = needed.bool() if needed is not None else None
+    hidden, head = _final_hidden(model, input_ids, attention_mask, keep)  # [B, T-1, H] or [N, H]
+    if keep is not None:
+        targets, temps = targets[keep], temps[keep]  # [N]
     logp, entropy = _head_logprobs(head(hidden), targets, temps, with_entropy, entropy_grad)
-    if needed is None:
+    if keep is None:
         return logp, entropy
     return _scatter(logp, keep), (None if entropy is None else _scatter(entropy, keep))
 
 
-def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-    """Final hidden states at the positions that predict a next token, and the vocabulary head."""
+def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: torch.Tensor | None):
+    """Final hidden states at the positions that predict a next token ([B, T-1, H], or [N, H] at
+    `keep`), and the vocabulary head to apply to them."""
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     lm = FastLM.wrap(model)
     if lm is None:
         # other architectures: their own forward (which may scale or cap logits), identity head
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
-        return logits[:, :-1], lambda x: x
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, :-1]
+        return (logits if keep is None else logits[keep]), (lambda x: x)
     width = input_ids.shape[1]
     cos, sin = lm.rotary(width)
     # right-padded rows (the learner's layout): plain causal attention never lets a real token
     # see padding, so no mask tensor is built at all
     right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
     bias = None if right_padded else padding_bias(attention_mask, width, lm.dtype)
-    hidden = lm.hidden(input_ids, cos[positions], sin[positions], bias, lm.layers(), causal=True)
-    return hidden[:, :-1], lm.logits
+    # padding is skipped and a group's shared prompt runs once (its gradient summed over the group)
+    share = shared_prefixes(input_ids, attention_mask)
+    hidden = lm.hidden(input_ids, cos[positions], sin[positions], bias, lm.layers(), causal=True, share=share)
+    slot = share.slot.view(input_ids.shape)[:, :-1]  # [B, T-1] distinct-prefix row of each position
+    return hidden[slot if keep is None else slot[keep]], lm.logits
 
 
 def _head_logprobs(logits, targets, temps, with_entropy: bool, entropy_grad: bool):

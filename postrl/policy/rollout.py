@@ -13,6 +13,9 @@ top_p=1 for exact on-policy ratios).
 Where the time goes, and what is done about it (small models on CPU are overhead-bound):
   - Llama-family models run through `FastLM` (a few fused tensor ops per layer, static cache
     written in place); any other causal LM runs through its own Hugging Face forward.
+  - A group's samples share one prompt: each distinct prompt is prefilled once and its cache
+    rows are copied to its samples. Prefill skips padding, and prefixes shared across prompts
+    run once (`shared_prefixes`).
   - Finished rows are dropped from the batch (cache rows included) once a quarter of the
     current rows have finished, so late steps compute only on live sequences.
   - One uniform draw per *original* row per step, inverse-CDF sampling on that row: a row's
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from postrl.policy.fastlm import FastLM, padding_bias
+from postrl.policy.fastlm import FastLM, padding_bias, shared_prefixes
 
 
 @dataclass
@@ -99,26 +102,33 @@ def generate(
     (0 keeps every row to the end; results are identical either way)."""
     if not prompts:
         return []
-    ids, mask = left_pad(prompts, pad_id)
+    # a group's samples share their prompt: its prefill runs once and the cache rows are copied
+    unique: dict[tuple[int, ...], int] = {}
+    inverse = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts])
+    ids, mask = left_pad([list(p) for p in unique], pad_id)
     lm = FastLM.wrap(model)
-    stepper = _FastStepper(lm, ids, mask, params.max_new_tokens) if lm else _HFStepper(model, ids, mask, pad_id)
+    stepper = _FastStepper(lm, ids, mask, params.max_new_tokens) if lm else _HFStepper(model, ids, mask)
+    logits = stepper.first()[inverse]
+    stepper.keep(inverse)
     stop_hit = _StopCheck(params.stop_strings, decode) if params.stop_strings and decode is not None else None
-    tokens, logprobs, lengths, stopped = _sample_loop(stepper, params, eos_id, generator, stop_hit, compact_below)
+    tokens, logprobs, lengths, stopped = _sample_loop(logits, stepper, params, eos_id, generator, stop_hit,
+                                                      compact_below)
     toks, lps, lens, stops = tokens.tolist(), logprobs.tolist(), lengths.tolist(), stopped.tolist()
     return [Generation(toks[i][: lens[i]], lps[i][: lens[i]], "stop" if stops[i] else "length")
             for i in range(len(prompts))]
 
 
-def _sample_loop(stepper, params: GenParams, eos_id: int, generator, stop_hit, compact_below: float):
-    """The per-token loop. Returns tokens [B, N], logprobs [B, N], lengths [B], stopped [B]."""
-    n, steps = stepper.rows, params.max_new_tokens
+def _sample_loop(logits, stepper, params: GenParams, eos_id: int, generator, stop_hit, compact_below: float):
+    """The per-token loop from the prompts' next-token logits [B, V].
+
+    Returns tokens [B, N], logprobs [B, N], lengths [B], stopped [B]."""
+    n, steps = logits.shape[0], params.max_new_tokens
     tokens = torch.zeros((n, steps), dtype=torch.long)
     logprobs = torch.zeros((n, steps))
     lengths = torch.full((n,), steps, dtype=torch.long)
     stopped = torch.zeros(n, dtype=torch.bool)
     rows = torch.arange(n)  # original index of each row still in the batch
     live = torch.ones(n, dtype=torch.bool)  # rows of the current batch still generating
-    logits = stepper.first()
     for t in range(steps):
         # drawn for every original row, so a row's draw does not depend on the batch's shape
         uniform = None if params.greedy else torch.rand(n, generator=generator)[rows]
@@ -147,15 +157,15 @@ class _FastStepper:
     """Llama-family decoding on a static cache: [B, Hkv, prompt + new - 1, D] per layer."""
 
     def __init__(self, lm: FastLM, ids: torch.Tensor, mask: torch.Tensor, max_new: int):
-        self.lm, self.ids, self.mask, self.rows = lm, ids, mask, ids.shape[0]
+        self.lm, self.ids, self.mask = lm, ids, mask
         self.width = ids.shape[1]
         total = self.width + max(max_new - 1, 0)  # the last sampled token is never fed back
         self.positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         self.cos, self.sin = lm.rotary(int(self.positions.max()) + max_new + 1)
         self.layers = lm.layers()
-        self.kv = lm.new_cache(self.rows, total)
+        self.kv = lm.new_cache(ids.shape[0], total)
         # additive key mask for decode steps: prompt padding is -inf, generated columns are 0
-        self.key_bias = torch.zeros((self.rows, 1, 1, total), dtype=lm.dtype)
+        self.key_bias = torch.zeros((ids.shape[0], 1, 1, total), dtype=lm.dtype)
         self.key_bias[:, 0, 0, : self.width].masked_fill_(mask == 0, float("-inf"))
         self.next_pos = self.positions[:, -1] + 1
         self.col = self.width
@@ -163,8 +173,11 @@ class _FastStepper:
     def first(self) -> torch.Tensor:
         bias = padding_bias(self.mask, self.width, self.lm.dtype)
         pos = self.positions
-        hidden = self.lm.hidden(self.ids, self.cos[pos], self.sin[pos], bias, self.layers, self.kv, 0)
-        return self.lm.logits(hidden[:, -1])
+        # padding is skipped and shared prefixes (a chat template, a few-shot header) run once
+        share = shared_prefixes(self.ids, self.mask)
+        hidden = self.lm.hidden(self.ids, self.cos[pos], self.sin[pos], bias, self.layers, self.kv, 0, share=share)
+        last = share.slot.view(self.ids.shape)[:, -1]  # every prompt ends in the last column
+        return self.lm.logits(hidden[last])
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         pos = self.next_pos[:, None]
@@ -175,6 +188,7 @@ class _FastStepper:
         return self.lm.logits(hidden[:, -1])
 
     def keep(self, idx: torch.Tensor) -> None:
+        """Keep (or repeat) these rows of the batch."""
         self.kv = [(k[idx], v[idx]) for k, v in self.kv]
         self.key_bias, self.next_pos = self.key_bias[idx], self.next_pos[idx]
 
@@ -182,8 +196,8 @@ class _FastStepper:
 class _HFStepper:
     """Any other causal LM, through its own forward and dynamic cache."""
 
-    def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor, pad_id: int):
-        self.model, self.ids, self.mask, self.rows = model, ids, mask, ids.shape[0]
+    def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor):
+        self.model, self.ids, self.mask = model, ids, mask
         self.cache = None
         self.next_pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1] + 1
 
