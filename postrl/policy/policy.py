@@ -24,7 +24,9 @@ class Policy:
     def encode_prompt(self, text: str) -> list[int]:
         if getattr(self.tok, "chat_template", None):
             messages = [{"role": "user", "content": text}]
-            return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+            # return_dict=False: transformers 5 otherwise returns a BatchEncoding (list() of it gives its keys)
+            return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=False))
         return self.tok(text)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
