@@ -27,6 +27,7 @@ from postrl.monitor.alerts import AlertLog
 from postrl.monitor.monitors import MonitorContext, Monitors, build_monitors
 from postrl.monitor.report import write_report
 from postrl.monitor.sinks import MultiSink, make_sinks
+from postrl.policy.lora import apply_lora, load_policy_weights, make_reference, save_policy
 from postrl.policy.model import load_model
 from postrl.policy.policy import Policy
 from postrl.policy.update import Learner
@@ -74,12 +75,13 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     save_config(cfg, run_dir / "config.yaml")
     domains = build_domains(cfg)
     model, tok = load_model(cfg.model.name, cfg.model.dtype, log=log)
+    model = apply_lora(model, cfg.model.lora)  # unchanged unless model.lora.r > 0
     policy = Policy(model, tok)
-    ref_model = frozen_copy(model) if cfg.rl.kl_coef > 0 else None
+    ref_model = make_reference(model) if cfg.rl.kl_coef > 0 else None  # LoRA: the base, adapters off
     weights = {name: d.weight for name, d in cfg.domains.items()}
     run = Run(
         cfg=cfg, dir=run_dir, domains=domains, policy=policy,
-        learner=Learner(policy, ref_model, cfg.train, cfg.rl),
+        learner=Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model),
         sampler=TaskSampler(domains, cfg.seed),
         schedule=make_schedule(cfg.curriculum, weights, {n: list(d.levels) for n, d in domains.items()}),
         kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon),
@@ -200,15 +202,11 @@ def frozen_copy(model):
 
 
 def save_model(policy: Policy, path: Path) -> None:
-    policy.model.save_pretrained(path)
-    policy.tok.save_pretrained(path)
+    save_policy(policy.model, policy.tok, path)  # LoRA: adapters merged into a full HF dir, plus adapter/
 
 
 def load_weights(model, path: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    saved = AutoModelForCausalLM.from_pretrained(path, dtype=next(model.parameters()).dtype)
-    model.load_state_dict(saved.state_dict())
+    load_policy_weights(model, path)  # LoRA: the adapters only
 
 
 def seed_everything(seed: int) -> None:

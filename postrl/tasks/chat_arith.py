@@ -1,0 +1,121 @@
+"""Domain `chat_arith`: arithmetic asked in words, for instruction-tuned chat models.
+
+    What is 47 + 38? Reply with only the final number.   ->  85
+
+`arith` writes problems as bare `47+38=` for the demo model, which was pretrained on exactly
+that format; a chat model asked that way answers in prose. Here the prompt is a question with a
+fixed answer instruction, and the grader takes the *last integer* of the reply, so "47 + 38 = 85"
+and "85" both count, while a reply cut off by `max_new_tokens` counts as wrong (it has not
+committed to an answer). Taking the last integer is the rule models learn easily and that
+cannot be gamed by listing candidates: a list is graded on its last entry only.
+
+Levels (operands are drawn uniformly; subtraction never goes below zero):
+
+    1: a + b, 1 digit     2: a + b, 2 digits     3: a +/- b, 2 digits
+    4: a + b, 3 digits    5: a +/- b +/- c, 2 digits    6: a * b, 2 digits by 1 digit
+
+A fixed share of all problems (by a hash of the question, independent of any seed) is held out;
+training never samples them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass, field
+
+from postrl.errors import UserError
+from postrl.rewards.base import Score
+from postrl.tasks.base import Response, Task, parse_params, register_domain
+
+LEVELS: dict[int, tuple[list[int], str]] = {
+    1: ([1, 1], "+"), 2: ([2, 2], "+"), 3: ([2, 2], "+-"), 4: ([3, 3], "+"), 5: ([2, 2, 2], "+-"), 6: ([2, 1], "*"),
+}
+"""level -> (digits of each operand, operators drawn from)."""
+
+TEMPLATE = "What is {expr}? Reply with only the final number."
+_INT = re.compile(r"-?\d+")
+
+
+@dataclass
+class ChatArithParams:
+    levels: list[int] = field(default_factory=lambda: [3])
+    """Difficulty levels to draw problems from (see the module docstring)."""
+    heldout_percent: int = 10
+    """Share of all problems reserved for the held-out split, in percent."""
+    template: str = TEMPLATE
+    """The question; {expr} is replaced by the expression, e.g. '47 + 38'."""
+
+
+def make_problem(rng: random.Random, level: int) -> tuple[str, int]:
+    """(expression text, value), evaluated left to right."""
+    digits, ops = LEVELS[level]
+    nums = [rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1) for d in digits]
+    expr, value = str(nums[0]), nums[0]
+    for b in nums[1:]:
+        op = rng.choice(ops)
+        if op == "-" and b > value:
+            op = "+"
+        value = {"+": value + b, "-": value - b, "*": value * b}[op]
+        expr += f" {op} {b}"
+    return expr, value
+
+
+def last_integer(text: str) -> int | None:
+    """The last integer in the text, thousands separators allowed: 'so 1,204.' -> 1204."""
+    found = _INT.findall(re.sub(r"(?<=\d),(?=\d{3}\b)", "", text))
+    return int(found[-1]) if found else None
+
+
+def score_reply(gold: str, response: Response) -> Score:
+    value = last_integer(response.text)
+    correct = response.finish_reason == "stop" and value is not None and value == int(gold)
+    return Score(reward=float(correct), correct=correct, components={"correct": float(correct)})
+
+
+def _heldout(question: str, percent: int) -> bool:
+    return int(hashlib.sha1(question.encode()).hexdigest()[:8], 16) % 100 < percent
+
+
+@register_domain("chat_arith")
+class ChatArith:
+    name = "chat_arith"
+
+    def __init__(self, params: dict, seed: int):
+        self.params: ChatArithParams = parse_params(ChatArithParams, params, self.name)
+        if not self.params.levels or any(lv not in LEVELS for lv in self.params.levels):
+            raise UserError(f"domains.chat_arith.params.levels = {self.params.levels}: levels are {sorted(LEVELS)}")
+        if "{expr}" not in self.params.template:
+            raise UserError("domains.chat_arith.params.template must contain {expr}")
+        self.levels = sorted(self.params.levels)
+        self.seed = seed
+
+    def _task(self, expr: str, value: int, level: int) -> Task:
+        prompt = self.params.template.format(expr=expr)
+        return Task(self.name, f"chat_arith/{expr}", prompt, str(value), level)
+
+    def sample(self, rng: random.Random, level: int | None = None) -> Task:
+        level = rng.choice(self.levels) if level is None else level
+        while True:
+            expr, value = make_problem(rng, level)
+            if not _heldout(expr, self.params.heldout_percent):
+                return self._task(expr, value, level)
+
+    def heldout(self, n: int) -> list[Task]:
+        """The first n held-out problems, spread evenly over the levels; fixed for given levels."""
+        per_level = [n // len(self.levels) + (i < n % len(self.levels)) for i in range(len(self.levels))]
+        tasks: list[Task] = []
+        for level, count in zip(self.levels, per_level):
+            rng, seen = random.Random(f"chat_arith-heldout-{level}"), set()
+            for _ in range(500 * count):  # level 1 has only ~10 held-out problems; stop trying
+                if len(seen) == count:
+                    break
+                expr, value = make_problem(rng, level)
+                if expr not in seen and _heldout(expr, self.params.heldout_percent):
+                    seen.add(expr)
+                    tasks.append(self._task(expr, value, level))
+        return tasks
+
+    def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]:
+        return [score_reply(t.answer, r) for t, r in zip(tasks, responses)]
