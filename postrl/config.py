@@ -205,6 +205,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     domains: dict[str, DomainConfig] = field(default_factory=lambda: {"arith": DomainConfig()})
     """Domains trained jointly, by registry name."""
+    reward_models: dict[str, str] = field(default_factory=dict)
+    """Trained reward models (`postrl rm train`) usable as reward terms: {term name: model directory}."""
     train: TrainConfig = field(default_factory=TrainConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

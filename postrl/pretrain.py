@@ -2,11 +2,12 @@
 
 The corpus is arithmetic (`postrl.tasks.arith`) in which each answer is
 
-    right                    with probability p_right      (0.30)
-    the systematic mistake   with probability p_mistake    (0.55)  every carry/borrow decision inverted
-    a near miss (+-1, +-2)   otherwise                     (0.15)
+    worked with every carry and borrow forgotten   with probability p_mistake (0.70)
+    and, independently, off by 1 or 2 in the last digit   with probability p_slip (0.20)
 
-so the model learns the correct procedure *and* a more probable wrong one: its greedy answer is
+written as worked answers, `47+38=[1]85` (the carry bits used, then the value; the mistake is
+`47+38=[0]75`; where no carry is needed the mistake changes nothing). The model learns the
+correct procedure *and* a more probable wrong one: its greedy answer is
 often wrong while the right answer is usually among a handful of samples (low pass@1, high
 pass@k). RL then has something real to do: turn the latent skill into the reliable one.
 
@@ -34,16 +35,22 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from postrl.policy.chartok import build_char_tokenizer
 from postrl.tasks import code, sort
-from postrl.tasks.arith import ALPHABET, evaluate, generate, is_heldout, render, systematic_mistake
+from postrl.tasks.arith import ALPHABET, generate, is_heldout, render, solve
 
 
 @dataclass
 class PretrainSpec:
+    corpus: str = "worked-v4"
+    """Version of the corpus format; part of the cache key, so a format change rebuilds the model."""
     seed: int = 0
     levels: list[int] = field(default_factory=lambda: [2])
     """Arithmetic levels in the corpus."""
-    p_right: float = 0.30
-    p_mistake: float = 0.55
+    p_right: float = 0.20
+    """Generated code and sort corpora: share of right answers (near misses fill the rest)."""
+    p_mistake: float = 0.70
+    """Share of answers with the domain's systematic mistake."""
+    p_slip: float = 0.20
+    """arith: chance that the last digit slips by one or two, independent of the work."""
     steps: int = 1200
     batch_size: int = 128
     lr: float = 2e-3
@@ -102,15 +109,15 @@ def spec_key(spec: PretrainSpec) -> str:
     return hashlib.sha1(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:10]
 
 
-def corpus_answer(rng: random.Random, nums: list[int], ops: list[str], spec: PretrainSpec) -> int:
-    right = evaluate(nums, ops)
-    u = rng.random()
-    if u < spec.p_right:
-        return right
-    if u < spec.p_right + spec.p_mistake:
-        return systematic_mistake(nums, ops)
-    near = right + rng.choice([-2, -1, 1, 2])
-    return near if near >= 0 else right + 1
+def corpus_answer(rng: random.Random, nums: list[int], ops: list[str], spec: PretrainSpec) -> str:
+    """A worked answer, `[carry bits]value`. The work forgets every carry and borrow with
+    probability p_mistake (the value follows the work, consistently); independently, the last
+    digit slips by one or two with probability p_slip."""
+    work, value = solve(nums, ops, drop=rng.random() < spec.p_mistake)
+    if rng.random() < spec.p_slip:
+        slipped = value + rng.choice([-2, -1, 1, 2])
+        value = slipped if slipped >= 0 else value + 1
+    return f"{work}{value}"
 
 
 def arith_example(rng: random.Random, spec: PretrainSpec) -> tuple[str, str]:
@@ -118,7 +125,7 @@ def arith_example(rng: random.Random, spec: PretrainSpec) -> tuple[str, str]:
         nums, ops = generate(rng, rng.choice(spec.levels))
         prompt = render(nums, ops)
         if not is_heldout(prompt, 10):  # never teach the held-out problems
-            return prompt, str(corpus_answer(rng, nums, ops, spec))
+            return prompt, corpus_answer(rng, nums, ops, spec)
 
 
 def code_mistake(body: str) -> str:

@@ -31,6 +31,7 @@ from postrl.policy.lora import apply_lora, load_policy_weights, make_reference, 
 from postrl.policy.model import load_model
 from postrl.policy.policy import Policy
 from postrl.policy.update import Learner
+from postrl.rewards.rm import register_rm_term
 from postrl.store import RolloutStore
 from postrl.tasks.base import Domain, UnknownDomainError, make_domain
 from postrl.ui import Progress
@@ -73,6 +74,8 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     seed_everything(cfg.seed)
     run_dir = make_run_dir(cfg, resume)
     save_config(cfg, run_dir / "config.yaml")
+    for term, model_dir in cfg.reward_models.items():  # before the domains, whose reward terms may use them
+        register_rm_term(term, model_dir)
     domains = build_domains(cfg)
     model, tok = load_model(cfg.model.name, cfg.model.dtype, log=log)
     model = apply_lora(model, cfg.model.lora)  # unchanged unless model.lora.r > 0

@@ -48,8 +48,10 @@ def score_samples(samples: list[Sample], domains: dict[str, Domain], cfg: Config
     for name, group in by_domain.items():
         t0 = time.perf_counter()
         tasks, responses = [s.task for s in group], [s.response for s in group]
-        scores = domains[name].score(tasks, responses)
-        scores = apply_terms(cfg.domains[name].reward, tasks, responses, scores)
+        domain = domains[name]
+        scores = domain.score(tasks, responses)
+        components = getattr(domain, "reward_components", None)  # names a verifier may return
+        scores = apply_terms(cfg.domains[name].reward, tasks, responses, scores, components=components)
         share = (time.perf_counter() - t0) / len(group)
         for s, sc in zip(group, scores):
             s.score = sc
@@ -84,6 +86,10 @@ def assign_advantages(samples: list[Sample], batch: Batch, cfg: Config, kl_coef:
     """
     n = cfg.train.samples_per_prompt
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)  # [B]
+    # A sample the verifier could not grade (timeout, error) is no evidence either way: it gets
+    # its group's mean verified reward for the baseline and exactly zero advantage below.
+    verified = torch.tensor([s.score is not None and s.score.status == "ok" for s in samples])
+    rewards = fill_unverified(rewards.view(-1, n), verified.view(-1, n)).flatten()
     if cfg.rl.kl_in == "reward" and batch.ref_logprobs is not None:
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.rl.kl_estimator)  # [B, T-1]
         penalty = kl_coef * (kl * batch.loss_mask).sum(-1)  # [B]
@@ -91,9 +97,17 @@ def assign_advantages(samples: list[Sample], batch: Batch, cfg: Config, kl_coef:
         for s, p in zip(samples, penalty.tolist()):
             s.score.components["kl_penalty"] = -p
     adv = ADVANTAGES.get(cfg.rl.advantage)(rewards.view(-1, n), scale_by_std=cfg.rl.scale_by_std).flatten()
+    adv = torch.where(verified, adv, torch.zeros_like(adv))
     batch.advantages = adv
     for s, a in zip(samples, adv.tolist()):
         s.advantage = a
+
+
+def fill_unverified(rewards: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
+    """rewards, verified: [G, N]. Unverified entries take the mean of their group's verified ones (0 if none)."""
+    v = verified.float()
+    group_mean = (rewards * v).sum(-1, keepdim=True) / v.sum(-1, keepdim=True).clamp(min=1)  # [G, 1]
+    return torch.where(verified, rewards, group_mean.expand_as(rewards))
 
 
 def step_metrics(

@@ -13,15 +13,15 @@ from postrl.tasks.arith import extract_answer, score_answer, solve, systematic_m
     "nums,ops,right,mistake",
     [
         ([47, 38], ["+"], ("[1]", 85), ("[0]", 75)),  # a needed carry forgotten
-        ([12, 13], ["+"], ("[0]", 25), ("[1]", 35)),  # a carry that was not needed
+        ([12, 13], ["+"], ("[0]", 25), ("[0]", 25)),  # no carry needed: the mistake is harmless
         ([52, 38], ["-"], ("[1]", 14), ("[0]", 24)),  # a needed borrow forgotten
-        ([952, 38], ["+"], ("[01]", 990), ("[10]", 1080)),
+        ([952, 38], ["+"], ("[01]", 990), ("[00]", 980)),
         ([52, 38, 17], ["-", "+"], ("[1,1]", 31), ("[0,0]", 31)),  # wrong work, right value
     ],
 )
 def test_worked_solutions_by_hand(nums, ops, right, mistake):
     assert solve(nums, ops) == right
-    assert solve(nums, ops, flip=True) == mistake
+    assert solve(nums, ops, drop=True) == mistake
     assert systematic_mistake(nums, ops) == mistake[1]
 
 
@@ -71,3 +71,19 @@ def test_extractor_rejects_partial_answers():
 def test_bad_level_is_a_user_error():
     with pytest.raises(UserError, match="levels are"):
         make_domain("arith", {"levels": [0]})
+
+
+def test_require_carry_keeps_only_problems_the_mistake_changes():
+    d = make_domain("arith", {"levels": [2], "require_carry": True})
+    rng = random.Random(0)
+    tasks = [d.sample(rng) for _ in range(200)] + d.heldout(50)
+    for t in tasks:
+        nums_ops = t.prompt.rstrip("=")
+        assert "1" in solve(*_parse(nums_ops))[0]
+
+
+def _parse(expr):
+    import re
+
+    parts = re.split(r"([+-])", expr)
+    return [int(p) for p in parts[::2]], parts[1::2]

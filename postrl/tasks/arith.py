@@ -6,7 +6,7 @@
 Problems are evaluated left to right. A fixed ~10% of all problems (chosen by a hash of the
 problem text, so independent of any seed) form the held-out split; training never samples them.
 
-The module also knows a *systematic mistake* (every carry or borrow decision inverted). The demo's pretraining corpus uses them to give the base model
+The module also knows a *systematic mistake*: forgetting every carry and borrow. The demo's pretraining corpus uses them to give the base model
 latent but unreliable skill: the right answer is in its distribution, but often not on top.
 """
 
@@ -49,6 +49,8 @@ class ArithParams:
     """Difficulty levels to draw training problems from (uniformly unless the curriculum says)."""
     heldout_percent: int = 10
     """Share of all problems reserved for the held-out split, in percent."""
+    require_carry: bool = False
+    """Only problems that need at least one carry or borrow (the systematic mistake matters)."""
 
 
 def is_heldout(prompt: str, percent: int) -> bool:
@@ -89,19 +91,18 @@ def _digits(n: int, width: int) -> list[int]:
     return [int(c) for c in str(n).zfill(width)[::-1]]  # least significant first
 
 
-def column_op(a: int, b: int, sign: int, flip: bool = False) -> tuple[int, list[int]]:
+def column_op(a: int, b: int, sign: int, drop: bool = False) -> tuple[int, list[int]]:
     """Column addition (sign=+1) or subtraction (sign=-1), least significant column first.
 
-    Returns the value and the carries (borrows) *used* into columns 1..width-1. With `flip`,
-    every one of those decisions is inverted: the classic carrying mistake in both directions,
-    forgetting a carry that was needed and carrying one that was not (47+38 -> 75, 12+13 -> 35;
-    52-38 -> 24, 57-32 -> 15). The leftmost column is written in full.
+    Returns the value and the carries (borrows) *used* into columns 1..width-1. With `drop`,
+    every carry (borrow) is forgotten: the classic mistake (47+38 -> 75, 52-38 -> 24), which
+    changes nothing where no carry is needed (12+13 -> 25). The leftmost column is written in full.
     """
     width = max(len(str(a)), len(str(b)))
     da, db = _digits(a, width), _digits(b, width)
     true_carry, value, used_bits = 0, 0, []
     for i in range(width):
-        used = true_carry if (i == 0 or not flip) else 1 - true_carry
+        used = 0 if (drop and i > 0) else true_carry
         if i > 0:
             used_bits.append(used)
         col = da[i] + sign * db[i] + sign * used
@@ -111,23 +112,23 @@ def column_op(a: int, b: int, sign: int, flip: bool = False) -> tuple[int, list[
     return value, used_bits
 
 
-def solve(nums: list[int], ops: list[str], flip: bool = False) -> tuple[str, int]:
+def solve(nums: list[int], ops: list[str], drop: bool = False) -> tuple[str, int]:
     """Worked solution: the carry/borrow bits of each operation, then the value.
 
     The work is written `[bits,bits,...]`, one group per operation, most significant column
-    first: 47+38 -> ("[1]", 85); 52-38+17 -> ("[1,1]", 31). With `flip` the bits and the value
-    are those of the systematic mistake, consistently.
+    first: 47+38 -> ("[1]", 85); 52-38+17 -> ("[1,1]", 31). With `drop` the bits and the value
+    are those of the systematic mistake (every carry forgotten), consistently.
     """
     value, groups = nums[0], []
     for op, b in zip(ops, nums[1:]):
-        value, bits = column_op(value, b, +1 if op == "+" else -1, flip)
+        value, bits = column_op(value, b, +1 if op == "+" else -1, drop)
         groups.append("".join(str(x) for x in reversed(bits)))
     return "[" + ",".join(groups) + "]", value
 
 
 def systematic_mistake(nums: list[int], ops: list[str]) -> int:
-    """The answer a solver with the carry mistake gives; differs from the right one for width >= 2."""
-    return solve(nums, ops, flip=True)[1]
+    """The answer a solver who forgets every carry and borrow gives."""
+    return solve(nums, ops, drop=True)[1]
 
 
 def extract_answer(text: str) -> int | None:
@@ -162,11 +163,14 @@ class Arith:
         prompt = render(nums, ops)
         return Task(self.name, f"arith/{prompt}", prompt, str(evaluate(nums, ops)), level)
 
+    def accepts(self, nums: list[int], ops: list[str]) -> bool:
+        return not self.params.require_carry or "1" in solve(nums, ops)[0]
+
     def sample(self, rng: random.Random, level: int | None = None) -> Task:
         level = rng.choice(self.levels) if level is None else level
         while True:
             nums, ops = generate(rng, level)
-            if not is_heldout(render(nums, ops), self.params.heldout_percent):
+            if not is_heldout(render(nums, ops), self.params.heldout_percent) and self.accepts(nums, ops):
                 return self.make_task(nums, ops, level)
 
     def heldout(self, n: int) -> list[Task]:
@@ -181,7 +185,7 @@ class Arith:
                     break
                 nums, ops = generate(rng, level)
                 prompt = render(nums, ops)
-                if prompt not in seen and is_heldout(prompt, self.params.heldout_percent):
+                if prompt not in seen and is_heldout(prompt, self.params.heldout_percent) and self.accepts(nums, ops):
                     seen.add(prompt)
                     tasks.append(self.make_task(nums, ops, level))
         return tasks
