@@ -1,6 +1,6 @@
 """Where a postrl training step spends its time: phases, then the top operators (torch profiler).
 
-    .venv/bin/python benchmarks/profile_step.py [--steps 4] [--threads 1] [RECIPE] [key=value ...]
+    .venv/bin/python benchmarks/profile_step.py [--steps 4] [--threads 1] [--no-fastlm] [RECIPE] [key=value ...]
 
 Runs the loop's own parts (policy.sample, score_samples, assign_advantages, learner.build_batch,
 learner.update) on the recipe's model and batch shape, times each phase over `--steps` steps
@@ -17,6 +17,7 @@ import torch
 
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
+from postrl.policy.fastlm import FastLM
 from postrl.policy.model import load_model
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
@@ -64,7 +65,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--no-fastlm", action="store_true", help="run every forward through transformers (the baseline)")
     args = ap.parse_args()
+    if args.no_fastlm:
+        FastLM.wrap = staticmethod(lambda model: None)
     torch.set_num_threads(args.threads)
     cfg = load_config(args.recipe, args.overrides)
     step = Step(cfg)

@@ -156,6 +156,9 @@ def test_fast_forward_matches_transformers(family):
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False)).eval()
     assert FastLM.wrap(model) is not None
+    wrapped = LlamaForCausalLM(LlamaConfig(**common)).eval()
+    wrapped.model.layers[0].self_attn.q_proj = torch.nn.Sequential(wrapped.model.layers[0].self_attn.q_proj)
+    assert FastLM.wrap(wrapped) is None  # e.g. LoRA: extra terms outside .weight, so transformers' forward
     ids = torch.randint(3, 50, (3, 9))
     for mask in (torch.tensor([[1] * 9, [1] * 5 + [0] * 4, [1] * 2 + [0] * 7]),
                  torch.tensor([[1] * 9, [0] * 4 + [1] * 5, [0] * 7 + [1] * 2])):

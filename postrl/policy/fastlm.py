@@ -66,7 +66,7 @@ class FastLM:
             return None  # windowed attention would need a different mask
         if model.training and getattr(cfg, "attention_dropout", 0.0):
             return None  # dropout in attention is not reproduced here
-        if getattr(cfg, "num_hidden_layers", 0) != len(inner.layers):
+        if getattr(cfg, "num_hidden_layers", 0) != len(inner.layers) or not _plain_linears(model):
             return None
         return cls(model)
 
@@ -148,6 +148,17 @@ class FastLM:
             gate, up = F.linear(y, w.gate_up_w, w.gate_up_b).split(self.inter, dim=-1)
             x = x + F.linear(self.act(gate) * up, w.down_w, w.down_b)
         return F.rms_norm(x, (x.shape[-1],), self.model.model.norm.weight, self.eps)
+
+
+def _plain_linears(model) -> bool:
+    """Every projection is a plain nn.Linear. A LoRA-wrapped or quantised layer keeps its extra
+    terms outside `.weight`, so reading the weights directly would silently drop them."""
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        mods = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        if any(type(x) is not torch.nn.Linear for x in mods):
+            return False
+    return type(model.lm_head) is torch.nn.Linear
 
 
 @dataclass
