@@ -182,7 +182,7 @@ def test_level_rises_when_mastered_and_not_before():
         s.update(step, group(f"y{step}", 6, level=2), {})  # 6/8 < 0.8: stays
     assert s.levels()["arith"] == 2
     s.level_index["arith"] = 2
-    s.update(12, group("z", 8, level=3) * 1, {})
+    s.update(12, group("z", 8, level=3), {})
     assert s.levels()["arith"] == 3  # the top level: nowhere further to go
 
 
