@@ -54,11 +54,12 @@ def test_expected_learnability_by_hand():
 
 
 def test_task_weights_on_hand_made_histories():
-    s = schedule(min_problem_weight=0.1, park_after_attempts=100)
-    history = [group("solved", 8, g=0), group("half", 4, g=1), group("twice", 8, g=2), group("floor", 8, g=3)]
+    s = schedule(min_problem_weight=0.1, park_after_attempts=100)  # sort: one level, no level factor
+    history = [group(t, w, g=g, domain="sort") for g, (t, w) in enumerate(
+        [("solved", 8), ("half", 4), ("twice", 8), ("floor", 8)])]
     s.update(0, [x for grp in history for x in grp], {})
-    s.update(1, group("twice", 8) + [x for k in range(7) for x in group("floor", 8, g=1 + k)], {})
-    w = {tid: s.task_weight(Task("arith", tid, tid, "0", 1)) for tid in ("solved", "half", "twice", "floor", "new")}
+    s.update(1, [x for k, t in enumerate(["twice"] + ["floor"] * 7) for x in group(t, 8, g=k, domain="sort")], {})
+    w = {tid: s.task_weight(Task("sort", tid, tid, "0", 1)) for tid in ("solved", "half", "twice", "floor", "new")}
     assert w["new"] == 1.0  # unseen: always kept
     assert w["half"] == 1.0  # 25/110 over 1/6 = 150/110, capped at 1
     assert w["solved"] == pytest.approx(float(Fraction(9, 110) / Fraction(1, 6)))  # 54/110 = 0.4909
@@ -100,28 +101,28 @@ def test_never_solved_problem_is_parked_and_reprobed():
 class Pool:
     """A finite domain: problems p0..p3, level 1."""
 
-    name, levels = "arith", [1]
+    name, levels = "sort", [1]
 
     def sample(self, rng, level=None):
         i = rng.randrange(4)
-        return Task("arith", f"p{i}", f"p{i}", "0", 1)
+        return Task("sort", f"p{i}", f"p{i}", "0", 1)
 
 
 def test_sampler_skips_parked_problem_until_its_reprobe():
     s = schedule(park_after_attempts=8, reprobe_every_steps=3)
-    s.update(0, group("p0", 0), {})  # parked at step 0
-    sampler = TaskSampler({"arith": Pool()}, seed=0)
+    s.update(0, group("p0", 0, domain="sort"), {})  # parked at step 0
+    sampler = TaskSampler({"sort": Pool()}, seed=0)
     drawn = {}
     for step in range(1, 5):
-        drawn[step] = {t.task_id for t in sampler.next_batch(64, {"arith": 1.0}, s.levels(), s.task_weight)}
+        drawn[step] = {t.task_id for t in sampler.next_batch(64, {"sort": 1.0}, s.levels(), s.task_weight)}
         s.update(step, [], {})
     assert "p0" not in drawn[1] | drawn[2]
     assert "p0" in drawn[3] and {"p1", "p2", "p3"} <= drawn[3]
 
 
 def test_sampler_rejects_in_proportion_to_weight():
-    sampler = TaskSampler({"arith": Pool()}, seed=1)
-    tasks = sampler.next_batch(4000, {"arith": 1.0}, task_weight=lambda t: 0.25 if t.task_id == "p0" else 1.0)
+    sampler = TaskSampler({"sort": Pool()}, seed=1)
+    tasks = sampler.next_batch(4000, {"sort": 1.0}, task_weight=lambda t: 0.25 if t.task_id == "p0" else 1.0)
     share = sum(t.task_id == "p0" for t in tasks) / len(tasks)
     assert share == pytest.approx(0.25 / 3.25, abs=0.02)  # kept mass 0.25 against 1+1+1
 
@@ -170,20 +171,27 @@ def test_domain_weights_stay_above_floor_through_training_updates():
 # ---------------------------------------------------------------------------- levels
 
 
-def test_level_rises_when_mastered_and_not_before():
+def test_levels_unlock_when_mastered_and_are_weighed_by_learnability():
     s = schedule(level_min_groups=4, mastery_pass_rate=0.8)
-    assert s.levels() == {"arith": 1, "code": 1}  # sort has a single level: left to the domain
+    new = {lv: Task("arith", f"new{lv}", "", "0", lv) for lv in (1, 2, 3)}
+    keep = lambda: [s.task_weight(new[lv]) for lv in (1, 2, 3)]  # noqa: E731
+    assert s.levels() == {} and s.frontier() == {"arith": 1, "code": 1}  # sort has one level
+    assert keep() == [1.0, 1.0, 0.0]  # the frontier and one above; level 3 locked
     for step in range(3):
         s.update(step, group(f"x{step}", 7), {})  # 7/8 >= 0.8, but only 3 groups
-    assert s.levels()["arith"] == 1
+    assert s.frontier()["arith"] == 1 and keep()[2] == 0.0
     s.update(3, group("x3", 7), {})
-    assert s.levels()["arith"] == 2
+    assert s.frontier()["arith"] == 2
+    # L1: 28/32, a=29 b=5: 145/(34*35); L2, L3 unseen: 1/6
+    assert keep() == pytest.approx([145 / 1190 * 6, 1.0, 1.0])
     for step in range(4, 12):
-        s.update(step, group(f"y{step}", 6, level=2), {})  # 6/8 < 0.8: stays
-    assert s.levels()["arith"] == 2
+        s.update(step, group(f"y{step}", 6, level=2), {})  # 6/8 < 0.8: the frontier stays
+    # L2: 48/64, a=49 b=17: 833/(66*67) is now the best unlocked level
+    l1, l2 = 145 / 1190, 833 / 4422
+    assert s.frontier()["arith"] == 2 and keep() == pytest.approx([l1 / l2, 1.0, (1 / 6) / l2])
     s.level_index["arith"] = 2
     s.update(12, group("z", 8, level=3), {})
-    assert s.levels()["arith"] == 3  # the top level: nowhere further to go
+    assert s.frontier()["arith"] == 3  # the top level: nowhere further to go
 
 
 # ---------------------------------------------------------------------------- dynamic sampling
@@ -253,7 +261,7 @@ def test_state_round_trips_through_json():
         a.update(step, samples, {})
     b = schedule(park_after_attempts=8, level_min_groups=2)
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
-    assert b.state_dict() == a.state_dict() and b.levels() == a.levels() and b.metrics() == a.metrics()
+    assert b.state_dict() == a.state_dict() and b.frontier() == a.frontier() and b.metrics() == a.metrics()
     probe = group("t1", 2) + group("t5", 0, g=1, domain="code")
     assert a.update(6, probe, {}) == b.update(6, probe, {})
     assert [a.task_weight(Task("arith", f"t{i}", "", "0")) for i in range(8)] == [

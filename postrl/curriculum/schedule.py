@@ -35,9 +35,15 @@ of the domain's recent groups (the signal its prompts actually carried), w0 the 
 and D the number of domains; a domain without data yet counts as L = 1/4 (maximally learnable).
 The floor means no domain starves, so a domain that becomes learnable again is noticed.
 
-Levels (generated domains with several): each domain starts at its easiest level and moves up
-when the current level's rolling pass rate reaches `mastery_pass_rate` over at least
-`level_min_groups` groups.
+Levels (generated domains with several) are families with the same rule: a problem's keep
+probability is also multiplied by its level's E[p(1-p)] (rolling, per domain and level) over the
+best unlocked level's. Levels unlock as they are mastered: the *frontier* is the easiest level
+whose rolling pass rate has not reached `mastery_pass_rate` over `level_min_groups` groups;
+every level up to one above the frontier is drawn, higher ones not yet. (A first version
+drew only the frontier level; on the multi-domain benchmark it held `code` at level 1, which
+never reached mastery, while uniform sampling improved levels 2-3: hard gating starves
+learnable levels, so levels above are weighed, not gated, one level ahead.) Mastered levels keep
+a small weight, which doubles as review against forgetting.
 """
 
 from __future__ import annotations
@@ -153,6 +159,10 @@ class LearnabilitySchedule:
         return out
 
     def levels(self) -> dict[str, int]:
+        return {}  # domains draw from all their levels; `task_weight` weighs and gates them
+
+    def frontier(self) -> dict[str, int]:
+        """Each multi-level domain's easiest level not yet mastered (its top level once all are)."""
         return {d: self.domain_levels[d][i] for d, i in self.level_index.items()}
 
     def task_weight(self, task: Task) -> float:
@@ -160,11 +170,23 @@ class LearnabilitySchedule:
         parked_at = self.parked.get(task.task_id)
         if parked_at is not None:
             return 1.0 if self.step - parked_at >= self.s.reprobe_every_steps else 0.0
+        level_keep = self._level_keep(task)
+        if level_keep == 0.0:
+            return 0.0
         attempts, successes = self.rates.problem(task.task_id)
-        if attempts == 0:
+        keep = 1.0 if attempts == 0 else expected_learnability(attempts, successes) / UNSEEN_LEARNABILITY
+        keep = min(1.0, keep) * level_keep
+        return keep if keep >= 1.0 else max(self.s.min_problem_weight, keep)
+
+    def _level_keep(self, task: Task) -> float:
+        """0 above the unlocked levels, else the level's E[p(1-p)] over the best unlocked level's."""
+        if task.domain not in self.level_index:
             return 1.0
-        keep = expected_learnability(attempts, successes) / UNSEEN_LEARNABILITY
-        return min(1.0, max(self.s.min_problem_weight, keep))
+        unlocked = self.domain_levels[task.domain][: self.level_index[task.domain] + 2]
+        if task.level not in unlocked:
+            return 0.0
+        learn = {lv: expected_learnability(*self.rates.family(task.domain, lv)[1:]) for lv in unlocked}
+        return learn[task.level] / max(learn.values())
 
     def metrics(self) -> dict[str, float]:
         m: dict[str, float] = {"curriculum/parked": float(len(self.parked))}
@@ -174,7 +196,7 @@ class LearnabilitySchedule:
             rate = self.rates.domain_pass_rate(d)
             if rate is not None:
                 m[f"curriculum/pass_rate/{d}"] = rate
-        for d, level in self.levels().items():
+        for d, level in self.frontier().items():
             m[f"curriculum/level/{d}"] = float(level)
         return m
 
