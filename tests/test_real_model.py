@@ -359,3 +359,18 @@ def test_chat_arith_grades_the_last_integer_of_a_finished_reply():
     held = {t.prompt for t in d.heldout(50)}
     rng = random.Random(1)
     assert len(held) == 50 and not any(d.sample(rng).prompt in held for _ in range(500))
+
+
+def test_chat_count_keeps_reasoning_gyms_problems_and_grades_the_last_integer():
+    from postrl.tasks import make_domain
+
+    d = make_domain("chat_count", {"levels": [0], "heldout_size": 20}, 0)
+    rg = make_domain("rg:letter_counting", {"levels": [0], "heldout_size": 20}, 0)
+    held = d.heldout(20)
+    assert [t.answer for t in held] == [t.answer for t in rg.heldout(20)]
+    assert all(t.domain == "chat_count" and t.prompt.endswith("Reply with only the final number.") for t in held)
+    task = held[0]
+    replies = [Response(f'The letter appears {task.answer} times.', "stop"), Response(task.answer, "length"),
+               Response(f"{int(task.answer) + 1}", "stop")]
+    assert [s.correct for s in d.score([task] * 3, replies)] == [True, False, False]
+    assert d.sample(random.Random(0)).prompt not in {t.prompt for t in held}
