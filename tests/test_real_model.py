@@ -374,3 +374,21 @@ def test_chat_count_keeps_reasoning_gyms_problems_and_grades_the_last_integer():
                Response(f"{int(task.answer) + 1}", "stop")]
     assert [s.correct for s in d.score([task] * 3, replies)] == [True, False, False]
     assert d.sample(random.Random(0)).prompt not in {t.prompt for t in held}
+
+
+def test_logprobs_at_needed_positions_match_the_full_computation_through_the_hf_forward(tiny):
+    """LoRA models take the model's own forward; with `needed`, only columns from the first
+    needed one reach the vocabulary head, and the values there must not change."""
+    model, tok = _trained_lora(tiny)
+    ids = torch.tensor([[5, 60, 70, 80, 90, 100, 110], [7, 8, 9, 10, 11, 2, 2]])
+    attn = torch.tensor([[1] * 7, [1] * 5 + [0, 0]])
+    needed = torch.zeros(2, 6)
+    needed[0, 4:6], needed[1, 2:4] = 1, 1  # completions of different prompt lengths
+    temps = torch.tensor([1.0, 0.7])
+    with torch.no_grad():
+        full, full_ent = token_logprobs(model, ids, attn, temps, with_entropy=True)
+        part, part_ent = token_logprobs(model, ids, attn, temps, with_entropy=True, needed=needed)
+    keep = needed.bool()
+    torch.testing.assert_close(part[keep], full[keep], rtol=0, atol=1e-5)
+    torch.testing.assert_close(part_ent[keep], full_ent[keep], rtol=0, atol=1e-5)
+    assert float(part[~keep].abs().max()) == 0.0

@@ -52,9 +52,15 @@ def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     lm = FastLM.wrap(model)
     if lm is None:
-        # other architectures: their own forward (which may scale or cap logits), identity head
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, :-1]
-        return (logits if keep is None else logits[keep]), (lambda x: x)
+        # other architectures (and LoRA models): their own forward (which may scale or cap logits),
+        # identity head. Columns before the first needed one never reach the vocabulary head
+        # (`logits_to_keep` counts columns from the end): with SmolLM2's 49k vocabulary the prompt
+        # columns' [B, T, V] logits and their gradient would otherwise be most of the memory.
+        first = 0 if keep is None or not bool(keep.any()) else int(keep.any(0).nonzero()[0])
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                    logits_to_keep=input_ids.shape[1] - first)
+        logits = out.logits[:, :-1]  # [B, T-1-first, V]: the predictions made at columns first..T-2
+        return (logits if keep is None else logits[keep[:, first:]]), (lambda x: x)
     width = input_ids.shape[1]
     cos, sin = lm.rotary(width)
     # right-padded rows (the learner's layout): plain causal attention never lets a real token
