@@ -8,6 +8,7 @@ import random
 from fractions import Fraction
 
 import pytest
+import torch
 
 from postrl.checkpoint import CheckpointManager
 from postrl.config import ConfigError, CurriculumConfig, load_config
@@ -328,3 +329,27 @@ def test_training_with_curriculum_and_dynamic_sampling_logs_and_checkpoints_it(t
     assert set(state["schedule"]) == {"rates", "level_index", "parked", "step"} and state["schedule"]["step"] == 2
     assert state["schedule"]["rates"]["domains"]["arith"]  # groups recorded from the rollouts
     assert state["eval_best"]["arith"][1] == 1  # best-so-far from the step-1 eval
+
+
+def test_resumed_curriculum_run_matches_uninterrupted_run(tiny_model_dir, tmp_path):
+    """Schedule state, sampler and dynamic-sampling draws all replay exactly after a resume."""
+    from safetensors.torch import load_file
+
+    from postrl.cli import main
+
+    args = [
+        f"model.name={tiny_model_dir}", "domains={arith: {params: {levels: [1, 2]}}}",
+        "curriculum.schedule=learnability", "curriculum.dynamic_sampling=true", "curriculum.max_extra_draws=1",
+        "curriculum.park_after_attempts=4", "curriculum.reprobe_every_steps=1", "train.prompts_per_step=4",
+        "train.samples_per_prompt=4", "eval.num_problems=2", "eval.samples_per_problem=2", "eval.k=[1]",
+        "checkpoint.every_steps=2", "run.progress=false", "rl.entropy_coef=0.01", "monitor.spot_check_every_steps=0",
+    ]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert main(["train", "recipes/default.yaml", *args, f"run.dir={whole}", "train.total_steps=4"]) == 0
+    assert main(["train", "recipes/default.yaml", *args, f"run.dir={part}", "train.total_steps=2"]) == 0
+    assert main(["train", "--resume", str(part), "train.total_steps=4"]) == 0
+    want, got = load_file(whole / "final" / "model.safetensors"), load_file(part / "final" / "model.safetensors")
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    lines = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    keys = ("dynamic/dropped_groups", "curriculum/parked", "pass_rate")
+    assert [[m[k] for k in keys] for m in lines(whole)] == [[m[k] for k in keys] for m in lines(part)]
