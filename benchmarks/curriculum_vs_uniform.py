@@ -102,6 +102,13 @@ def report(arms: dict, base: dict[str, float], target: float, steps: int) -> Non
         below = [d for d in base if final[d] < base[d]]
         print(f"{name:>10}: target {when}; final pass@1 {fmt(final)}; run wall time {arm['wall_s']:.0f} s; "
               f"domains below base: {', '.join(below) or 'none'}")
+    # one target is one noisy threshold crossing on a 5-step grid: show how the answer moves with it
+    print("\nsteps to reach base mean + gain (-: not reached):")
+    for gain in (0.05, 0.10, 0.15, 0.20, 0.25):
+        hits = [first_reaching(arm, mean(base) + gain) for arm in arms.values()]
+        print(f"  +{gain:.2f}: " + "  ".join(f"{n}={h or '-'}" for n, h in zip(arms, hits)))
+    print("mean pass@1 over all evals: " + "  ".join(
+        f"{n}={sum(map(mean, a['curve'].values())) / len(a['curve']):.3f}" for n, a in arms.items()))
 
 
 def mean(scores: dict[str, float]) -> float:
