@@ -193,7 +193,22 @@ class RunConfig:
 @dataclass
 class PipelineConfig:
     max_staleness: int = 0
-    """Policy versions a batch may lag the trainer by (0 = synchronous)."""
+    """Trainer steps a batch's sampling weights may lag the weights it is trained from (0 = synchronous).
+    One step is ppo_epochs x minibatches optimiser updates (policy.version counts those)."""
+    is_cap: float = 2.0
+    """Truncation of the importance weight pi_prox / pi_behav on stale batches (decoupled PPO + TIS)."""
+
+
+@dataclass
+class RayConfig:
+    address: str = ""
+    """Ray cluster to connect to ('auto', 'ray://host:10001', ...); empty starts a local one."""
+    num_cpus: int = 0
+    """CPUs of the local cluster started when `address` is empty (0 = all of this machine's)."""
+    rollout_workers: int = 1
+    """Rollout (sampling) actors; consecutive steps' batches go to them in turn."""
+    max_restarts: int = 3
+    """Times a dead rollout or reward actor is replaced before the run gives up."""
 
 
 @dataclass
@@ -201,7 +216,7 @@ class Config:
     seed: int = 0
     """Seeds Python, NumPy and torch; runs with the same seed are reproducible on CPU."""
     engine: str = "local"
-    """Where the parts run: local."""
+    """Where the parts run: local (threads in this process) or ray (actors on a Ray cluster)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     domains: dict[str, DomainConfig] = field(default_factory=lambda: {"arith": DomainConfig()})
     """Domains trained jointly, by registry name."""
@@ -213,6 +228,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
@@ -377,13 +393,20 @@ def validate(cfg: Config) -> None:
     if cfg.rl.kl_estimator not in ("k1", "k2", "k3"):
         raise ConfigError(f"config key 'rl.kl_estimator' = {cfg.rl.kl_estimator!r}: expected k1, k2 or k3")
     validate_curriculum(cfg)
-    if cfg.engine != "local":
-        raise ConfigError(f"config key 'engine' = {cfg.engine!r}: only 'local' is available")
-    if cfg.pipeline.max_staleness != 0:
-        raise ConfigError(
-            f"config key 'pipeline.max_staleness' = {cfg.pipeline.max_staleness}: "
-            "only 0 (synchronous) is available"
-        )
+    validate_engine(cfg)
+
+
+def validate_engine(cfg: Config) -> None:
+    from postrl.engines import ENGINES  # the registry; imported here, config stays a leaf
+
+    if cfg.engine not in ENGINES.names():
+        raise ConfigError(f"config key 'engine' = {cfg.engine!r}: expected one of {', '.join(ENGINES.names())}")
+    if cfg.pipeline.max_staleness < 0:
+        raise ConfigError(f"config key 'pipeline.max_staleness' = {cfg.pipeline.max_staleness}: must be >= 0")
+    if cfg.pipeline.is_cap < 1:
+        raise ConfigError(f"config key 'pipeline.is_cap' = {cfg.pipeline.is_cap}: must be >= 1")
+    if cfg.ray.rollout_workers < 1:
+        raise ConfigError(f"config key 'ray.rollout_workers' = {cfg.ray.rollout_workers}: must be >= 1")
 
 
 def validate_curriculum(cfg: Config) -> None:

@@ -58,3 +58,7 @@ class Batch:
     ref_logprobs: torch.Tensor | None  # [B, T-1] reference log-probs, None when KL is off
     advantages: torch.Tensor  # [B] one scalar per completion
     temperatures: torch.Tensor  # [B] sampling temperature of each completion
+    prox_logprobs: torch.Tensor | None = None
+    """[B, T-1] log-probs under the trainer's weights when the batch is consumed, for off-policy
+    (asynchronous) batches; equal to old_logprobs on rows sampled by those same weights. None =
+    every row is on-policy and the loss is plain PPO on the behaviour log-probs."""

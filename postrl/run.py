@@ -59,8 +59,11 @@ class Run:
     rollbacks: int = 0
     eval_best: dict[str, list] = field(default_factory=dict)
     """{domain: [best eval.best_metric so far, step]}: the seesaw alert's reference."""
+    engine: Any = None
+    """Where each step's prompts are sampled and scored (`postrl.engines`, by `cfg.engine`)."""
 
     def finish(self, step: int) -> None:
+        self.engine.close()
         save_model(self.policy, self.dir / "final")
         self.sinks.close()
         for d in self.domains.values():
@@ -84,7 +87,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     weights = {name: d.weight for name, d in cfg.domains.items()}
     run = Run(
         cfg=cfg, dir=run_dir, domains=domains, policy=policy,
-        learner=Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model),
+        learner=Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap),
         sampler=TaskSampler(domains, cfg.seed),
         schedule=make_schedule(cfg.curriculum, weights, {n: list(d.levels) for n, d in domains.items()}),
         kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon),
@@ -93,6 +96,9 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
         progress=Progress(cfg.train.total_steps, enabled=cfg.run.progress), log=log, domain_weights=weights,
     )
     run.monitors = build_monitors(cfg.monitor, MonitorContext({n: d.reward for n, d in cfg.domains.items()}))
+    from postrl.engines import ENGINES  # here, not at the top: engines/ builds on this module
+
+    run.engine = ENGINES.get(cfg.engine)(run)
     if resume:
         latest = run.ckpt.latest_valid()
         if latest is None:
@@ -133,6 +139,7 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
         "rollout_step": run.store.last_step(),
         "rollbacks": run.rollbacks,
         "eval_best": run.eval_best,
+        "pipeline": run.engine.state_dict(),  # orders in flight, drained: see postrl.engines.pipeline
     }
     run.ckpt.save(step, state, lambda path: save_model(run.policy, path), score=score)
 
@@ -154,6 +161,7 @@ def load_checkpoint_state(run: Run, ckpt) -> int:
     run.monitors.load_state_dict(state["monitors"])
     run.rollbacks = state["rollbacks"]
     run.eval_best = {d: list(v) for d, v in state.get("eval_best", {}).items()}  # absent before seesaw alerts
+    run.engine.load_state_dict(state.get("pipeline"), state["step"])  # absent before the pipeline
     return state["step"]
 
 

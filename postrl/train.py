@@ -4,6 +4,8 @@ Per step:
   1. draw `prompts_per_step` tasks from the domain mixture (domain weights, difficulty levels and
      per-problem keep-probabilities from the curriculum schedule, `postrl.curriculum.schedule`);
   2. sample `samples_per_prompt` completions for each, recording behaviour log-probs;
+     with `pipeline.max_staleness` K > 0 this and 3. run on the rollout side (threads, or Ray actors
+     with `engine: ray`) up to K steps ahead of the trainer (`postrl.engines.pipeline`);
   3. score every completion with its domain's verifier (plus any weighted reward terms); with
      dynamic sampling, drop groups whose rewards are all equal and draw more (`postrl.curriculum.dynamic`);
   4. advantages relative to the other completions of the same prompt;
@@ -16,7 +18,9 @@ Departures from the GRPO paper (Shao et al., 2024), each a config switch:
   - separate lower/upper clip ranges, clip-higher (DAPO) (`rl.clip_low`, `rl.clip_high`);
   - scaling advantages by the group std is optional (Dr. GRPO) (`rl.scale_by_std`);
   - the sampler's behaviour log-probs are reused as the "old" log-probs: no extra forward pass,
-    and the first minibatch is exactly on-policy;
+    and the first minibatch is exactly on-policy; batches sampled by older weights (K > 0) get
+    decoupled PPO instead: clip around the trainer's weights, times a truncated importance weight
+    (`pipeline.is_cap`, see `postrl.algo.losses.truncated_is_weight`);
   - the KL term (k3, as in GRPO) can move into the reward (`rl.kl_in: reward`), and its
     coefficient can follow a target KL (`rl.kl_target`); it is skipped entirely at `kl_coef: 0`.
 
@@ -33,26 +37,24 @@ from pathlib import Path
 from postrl.config import Config
 from postrl.faults import crash_point
 from postrl.monitor.alerts import dump_samples
-from postrl.policy.rollout import GenParams
 from postrl.run import open_run, restore_checkpoint, save_checkpoint, step_generator
-from postrl.steps import assign_advantages, refill, run_eval, sample_temperatures, score_samples, step_metrics
+from postrl.steps import assign_advantages, refill, run_eval, sample_temperatures, step_metrics
 
 
 def train(cfg: Config, log=print, resume: bool = False) -> Path:
     """Run RL post-training as configured; returns the run directory (trained model in final/)."""
     run = open_run(cfg, log, resume)
-    t, gen = cfg.train, GenParams(cfg.train.max_new_tokens, cfg.train.temperature, cfg.train.top_p)
+    t = cfg.train
     step, stopped = run.start_step, False
     with run.progress as bar:
         while step < t.total_steps and not stopped:
-            t0 = time.perf_counter()
-            tasks = run.sampler.next_batch(
-                t.prompts_per_step, run.domain_weights, run.schedule.levels(), run.schedule.task_weight
-            )
-            temps = sample_temperatures(tasks, t.samples_per_prompt, cfg)
-            samples = run.policy.sample(tasks, t.samples_per_prompt, gen, step_generator(cfg.seed, step, 0), temps)
-            t1 = time.perf_counter()
-            score_samples(samples, run.domains, cfg)
+            for ahead in run.engine.to_submit(step):  # this step; async: up to max_staleness steps ahead
+                tasks = run.sampler.next_batch(
+                    t.prompts_per_step, run.domain_weights, run.schedule.levels(), run.schedule.task_weight
+                )
+                run.engine.submit(ahead, tasks, sample_temperatures(tasks, t.samples_per_prompt, cfg))  # sample+score
+            rollout = run.engine.take(step)  # scored samples from weights at most max_staleness steps old
+            samples = rollout.samples
             t2 = time.perf_counter()
             fill = refill(run, step, samples)  # dynamic sampling, when on: only groups with reward spread
             samples = fill.kept or samples  # none found within the cap: train on the draw (all-zero advantages)
@@ -65,9 +67,9 @@ def train(cfg: Config, log=print, resume: bool = False) -> Path:
 
             run.store.write(step, samples)
             crash_point("step.stored")
-            seconds = (t1 - t0, t2 - t1, t3 - t2 - fill.seconds)
+            seconds = (rollout.sample_s, rollout.reward_s, t3 - t2 - fill.seconds)
             metrics = step_metrics(samples, stats, seconds, kl_coef, run.domain_weights)
-            metrics |= fill.metrics() | run.schedule.metrics()
+            metrics |= fill.metrics() | run.schedule.metrics() | run.engine.metrics(stats)
             alerts = run.monitors.update(step, metrics, samples)
             run.sinks.log(step, {**metrics, **run.monitors.values()})
             run.alert_log.record(alerts)

@@ -46,17 +46,23 @@ def ppo_clip(
     clip_low: float,
     clip_high: float,
     agg: str,
+    is_weight: torch.Tensor | None = None,  # [B, T] off-policy correction, no gradient; None = 1
 ) -> tuple[torch.Tensor, LossStats]:
     """PPO-clip surrogate with separate ranges: ratio in [1 - clip_low, 1 + clip_high] (clip-higher).
 
-    loss_t = -min(ratio_t * A, clip(ratio_t) * A); a wider upper range lets unlikely tokens with
-    positive advantage grow faster, which keeps entropy from collapsing (DAPO).
+    loss_t = -w_t * min(ratio_t * A, clip(ratio_t) * A); a wider upper range lets unlikely tokens with
+    positive advantage grow faster, which keeps entropy from collapsing (DAPO). `old_logp` is the
+    policy the trust region is centred on; when the samples came from an older policy, `is_weight`
+    carries the importance weight from that policy to `old_logp`'s (see `truncated_is_weight`).
     """
     ratio = torch.exp(logp - old_logp)  # [B, T]
     adv = advantages[:, None]  # [B, 1]
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * adv
-    loss = aggregate(-torch.minimum(unclipped, clipped), mask, agg)
+    per_token = -torch.minimum(unclipped, clipped)  # [B, T]
+    if is_weight is not None:
+        per_token = is_weight.detach() * per_token
+    loss = aggregate(per_token, mask, agg)
     with torch.no_grad():
         was_clipped = ((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))
         n = mask.sum().clamp(min=1)
@@ -83,3 +89,16 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
         # clamp keeps exp() finite when the policy has moved far from the reference
         return torch.exp(log_r.clamp(max=20.0)) - 1 - log_r
     raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
+def truncated_is_weight(prox_logp: torch.Tensor, behav_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Per-token importance weight min(pi_prox / pi_behav, cap), [B, T] -> [B, T], no gradient.
+
+    Decoupled PPO (Hilton et al. 2021; AReaL's asynchronous RL): with samples drawn from a stale
+    behaviour policy pi_behav, the clipped ratio is taken against the proximal policy pi_prox (the
+    trainer's weights when the batch is consumed) and the whole surrogate is reweighted by
+    pi_prox / pi_behav. Truncating that weight at `cap` (TIS, as in verl's rollout correction)
+    bounds the variance one very unlikely behaviour token can add; it biases the gradient only on
+    tokens the stale policy under-sampled by more than a factor `cap`.
+    """
+    return torch.exp(prox_logp - behav_logp).clamp(max=cap).detach()

@@ -8,11 +8,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from postrl.algo.losses import LOSSES, aggregate, kl_estimate
+from postrl.algo.losses import LOSSES, aggregate, kl_estimate, truncated_is_weight
 from postrl.config import ModelConfig, RLConfig, TrainConfig
 from postrl.policy.logprobs import token_logprobs
 from postrl.policy.policy import Policy
@@ -32,12 +32,16 @@ class UpdateStats:
     optimizer_steps: int
     sample_entropy: list[float]
     """Mean token entropy of each completion, from the first pass (for per-domain metrics)."""
+    offpolicy: dict[str, float] = field(default_factory=dict)
+    """Off-policy correction metrics of a stale batch (mismatch KL, IS weights); empty when on-policy."""
 
 
 class Learner:
     def __init__(self, policy: Policy, ref_model, train: TrainConfig, rl: RLConfig,
-                 model_cfg: ModelConfig | None = None):
+                 model_cfg: ModelConfig | None = None, is_cap: float = 2.0):
         self.policy, self.ref_model, self.train_cfg, self.rl = policy, ref_model, train, rl
+        self.is_cap = is_cap
+        """Truncation of the behaviour->proximal importance weight on stale batches."""
         model_cfg = model_cfg or ModelConfig()
         self.micro_batch_size = model_cfg.micro_batch_size
         self.forward_model = policy.model
@@ -77,8 +81,26 @@ class Learner:
             with torch.no_grad():
                 ref, _ = token_logprobs(self.ref_model, ids, attn, temps, needed=loss_mask)
         adv = torch.zeros(len(samples))  # filled in from the rewards by the loop
-        return Batch(ids, attn, loss_mask, old, ref, adv, temps)
+        prox = self._proximal_logprobs(samples, ids, attn, loss_mask, old, temps)
+        return Batch(ids, attn, loss_mask, old, ref, adv, temps, prox)
 
+    @torch.no_grad()
+    def _proximal_logprobs(self, samples, ids, attn, loss_mask, old, temps) -> torch.Tensor | None:
+        """The trainer's own log-probs on rows sampled by older weights (asynchronous pipeline);
+        None when every row is on-policy, so the synchronous loss is unchanged bit for bit.
+        Fresh rows keep their behaviour log-probs: there the two policies are the same weights,
+        and the sampler's numerics define the trust region as in the synchronous loop."""
+        stale = torch.tensor([s.policy_version != self.policy.version for s in samples])
+        if not stale.any():
+            return None
+        prox = old.clone()
+        rows = stale.nonzero().flatten()
+        for micro in self._micro_batches(rows):
+            width = int(attn[micro].sum(-1).max())
+            logp, _ = token_logprobs(self.forward_model, ids[micro, :width], attn[micro, :width], temps[micro],
+                                     needed=loss_mask[micro, : width - 1])
+            prox[micro, : width - 1] = logp * loss_mask[micro, : width - 1]
+        return prox
     def update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
         model = self.policy.model
         sample_entropy = torch.zeros(batch.input_ids.shape[0])
@@ -111,6 +133,7 @@ class Learner:
             loss=totals["loss"] / steps, pg_loss=totals["pg"] / steps, kl_mean=totals["kl"] / steps, kl_max=kl_max,
             entropy=totals["ent"] / steps, clip_frac=totals["clip"] / steps, grad_norm=totals["gn"] / steps,
             lr=self.sched.get_last_lr()[0], optimizer_steps=steps, sample_entropy=sample_entropy.tolist(),
+            offpolicy=offpolicy_stats(batch, self.is_cap),
         )
 
     def _micro_batches(self, mb: torch.Tensor) -> list[torch.Tensor]:
@@ -129,7 +152,12 @@ class Learner:
             self.forward_model, ids, attn, batch.temperatures[rows], with_entropy=True,
             entropy_grad=rl.entropy_coef > 0, needed=mask,
         )
-        pg, st = self.loss_fn(logp, old, batch.advantages[rows], mask, rl.clip_low, rl.clip_high, rl.loss_agg)
+        weight = None
+        if batch.prox_logprobs is not None:  # decoupled PPO: trust region around the proximal policy
+            behav, old = old, batch.prox_logprobs[rows, : width - 1]
+            weight = truncated_is_weight(old, behav, self.is_cap)  # [b, t]
+        pg, st = self.loss_fn(logp, old, batch.advantages[rows], mask, rl.clip_low, rl.clip_high, rl.loss_agg,
+                              is_weight=weight)
         loss, ent_mean = pg, aggregate(ent, mask, rl.loss_agg)
         if sample_entropy is not None:
             sample_entropy[rows] = ((ent * mask).sum(-1) / mask.sum(-1).clamp(min=1)).detach()
@@ -144,6 +172,25 @@ class Learner:
             loss = loss - rl.entropy_coef * ent_mean
         return loss, {"loss": float(loss.detach()), "pg": float(pg.detach()), "kl": float(kl_mean.detach()),
                       "ent": float(ent_mean.detach()), "clip": st.clip_frac, "kl_max": kl_max}
+
+
+def offpolicy_stats(batch: Batch, cap: float) -> dict[str, float]:
+    """Behaviour-vs-proximal mismatch over a batch's completion tokens.
+
+    mismatch_kl: k3 estimate of KL(pi_behav || pi_prox), sampled from pi_behav (the tokens drawn);
+    is_weight_mean: mean truncated weight; is_truncated: share of tokens whose weight hit the cap."""
+    if batch.prox_logprobs is None:
+        return {}
+    mask = batch.loss_mask  # [B, T-1]
+    n = mask.sum().clamp(min=1)
+    kl = kl_estimate(batch.old_logprobs, batch.prox_logprobs, "k3")  # log r = prox - behav
+    raw = torch.exp(batch.prox_logprobs - batch.old_logprobs)
+    w = truncated_is_weight(batch.prox_logprobs, batch.old_logprobs, cap)
+    return {
+        "offpolicy/mismatch_kl": float((kl * mask).sum() / n),
+        "offpolicy/is_weight_mean": float((w * mask).sum() / n),
+        "offpolicy/is_truncated": float(((raw > cap).float() * mask).sum() / n),
+    }
 
 
 def _share(micro_mask: torch.Tensor, mb_mask: torch.Tensor, agg: str) -> float:

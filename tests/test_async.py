@@ -1,0 +1,190 @@
+"""The asynchronous pipeline (postrl.engines.pipeline): equivalence with the synchronous loop at
+max_staleness 0, the staleness bound under injected delays, the off-policy correction by hand,
+and exact resume with orders in flight."""
+
+import json
+import math
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from postrl import engines
+from postrl.algo.losses import ppo_clip, truncated_is_weight
+from postrl.config import load_config
+from postrl.engines import pipeline
+from postrl.policy.update import Learner, offpolicy_stats
+from postrl.records import Batch
+from postrl.store import read_rows
+from postrl.train import train
+
+ARGS = [
+    "train.prompts_per_step=4", "train.samples_per_prompt=4", "rl.entropy_coef=0.01",
+    "eval.num_problems=4", "eval.samples_per_problem=2", "eval.k=[1]", "run.progress=false",
+    "monitor.spot_check_every_steps=0",
+]
+
+
+def run_train(model_dir, run_dir, *extra, resume=False):
+    cfg = load_config("recipes/default.yaml", [f"model.name={model_dir}", f"run.dir={run_dir}", *ARGS, *extra])
+    return train(cfg, log=lambda *a: None, resume=resume)
+
+
+def weights(run_dir):
+    return load_file(run_dir / "final" / "model.safetensors")
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def rows(run_dir):
+    return [{k: v for k, v in vars(r).items() if k != "timings"} for r in read_rows(run_dir)]
+
+
+def metrics(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------- off-policy correction by hand
+
+
+def test_truncated_is_weight_by_hand():
+    prox = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    behav = torch.log(torch.tensor([[0.2, 0.6, 0.2]]))
+    # 0.5/0.2 = 2.5 truncated at 2; 0.3/0.6 = 0.5; 0.2/0.2 = 1
+    assert truncated_is_weight(prox, behav, cap=2.0).tolist()[0] == pytest.approx([2.0, 0.5, 1.0], abs=1e-6)
+
+
+def test_decoupled_ppo_loss_by_hand():
+    prox = torch.log(torch.tensor([[0.5, 0.3]]))  # trust region centre (the trainer's weights)
+    behav = torch.log(torch.tensor([[0.2, 0.6]]))  # the stale sampler's
+    w = truncated_is_weight(prox, behav, cap=2.0)  # [2.0, 0.5]
+    # current policy: ratio to prox 1.5 on token 0 (clipped to 1.28 for A > 0), 1.0 on token 1
+    logp = prox + torch.log(torch.tensor([[1.5, 1.0]]))
+    mask = torch.ones(1, 2)
+    loss, _ = ppo_clip(logp, prox, torch.tensor([1.0]), mask, 0.2, 0.28, "token-mean", is_weight=w)
+    # token-mean of -w * min(r A, clip(r) A) = -(2.0 * 1.28 + 0.5 * 1.0) / 2
+    assert float(loss) == pytest.approx(-(2.0 * 1.28 + 0.5) / 2, abs=1e-6)
+    # the weight is a constant: d loss / d logp = -w * r * A / 2 on the unclipped token only
+    logp.requires_grad_(True)
+    loss, _ = ppo_clip(logp, prox, torch.tensor([1.0]), mask, 0.2, 0.28, "token-mean", is_weight=w)
+    loss.backward()
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, -0.5 * 1.0 / 2], abs=1e-6)
+    # no weight: the plain PPO loss, unchanged
+    plain, _ = ppo_clip(logp.detach(), prox, torch.tensor([1.0]), mask, 0.2, 0.28, "token-mean")
+    assert float(plain) == pytest.approx(-(1.28 + 1.0) / 2, abs=1e-6)
+
+
+def test_offpolicy_stats_by_hand():
+    behav = torch.log(torch.tensor([[0.5, 0.5, 0.9]]))
+    prox = torch.log(torch.tensor([[0.25, 0.5, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third position is padding
+    batch = Batch(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4), mask, behav, None, torch.zeros(1),
+                  torch.ones(1), prox)
+    m = offpolicy_stats(batch, cap=2.0)
+    # k3 with r = prox/behav: token 0 r = 0.5 -> 0.5 - 1 + ln 2 = 0.193147; token 1 r = 1 -> 0
+    assert m["offpolicy/mismatch_kl"] == pytest.approx((0.5 - 1 + math.log(2)) / 2, abs=1e-6)
+    assert m["offpolicy/is_weight_mean"] == pytest.approx((0.5 + 1.0) / 2, abs=1e-6)
+    assert m["offpolicy/is_truncated"] == 0.0
+
+
+def test_learner_computes_proximal_logprobs_only_for_stale_rows(tiny_model_dir):
+    from postrl.policy.model import load_model
+    from postrl.policy.policy import Policy
+    from postrl.policy.rollout import GenParams
+    from postrl.tasks.base import Task
+
+    cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}"])
+    model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
+    policy = Policy(model, tok)
+    learner = Learner(policy, None, cfg.train, cfg.rl, cfg.model)
+    samples = policy.sample([Task("arith", "t", "12+34=", "46")], 4, GenParams(4, 1.0, 1.0),
+                            torch.Generator().manual_seed(0))
+    assert learner.build_batch(samples).prox_logprobs is None  # on-policy: the synchronous loss
+    policy.version = 2  # the trainer has moved on; samples[2:] are re-stamped as fresh
+    for s in samples[2:]:
+        s.policy_version = 2
+    batch = learner.build_batch(samples)
+    assert torch.equal(batch.prox_logprobs[2:], batch.old_logprobs[2:])
+    # same weights as the sampler: the recomputed log-probs agree with the behaviour ones
+    m = batch.loss_mask[:2].bool()
+    assert torch.allclose(batch.prox_logprobs[:2][m], batch.old_logprobs[:2][m], atol=1e-4)
+    assert torch.all(batch.prox_logprobs[:2][~m] == 0)
+
+
+# ---------------------------------------------------------------------------- the pipeline in the loop
+
+
+def test_threaded_pipeline_at_staleness_0_equals_the_synchronous_loop(tiny_model_dir, tmp_path, monkeypatch):
+    sync = run_train(tiny_model_dir, tmp_path / "sync", "train.total_steps=3")
+    threaded = []
+
+    def threaded_engine(run):  # the threaded pipeline forced at max_staleness 0
+        threaded.append(pipeline.ThreadedEngine(run, split_cores=False))
+        return threaded[-1]
+
+    monkeypatch.setitem(engines.ENGINES.items, "local", threaded_engine)
+    asyn = run_train(tiny_model_dir, tmp_path / "threaded", "train.total_steps=3")
+    assert threaded and not any(t.is_alive() for t in threaded[0]._threads)  # it ran, and was closed
+    assert same_weights(weights(sync), weights(asyn))
+    assert rows(sync) == rows(asyn)
+
+
+@pytest.mark.parametrize("slow", ["sampler", "trainer"])
+def test_staleness_never_exceeds_the_bound(tiny_model_dir, tmp_path, monkeypatch, slow):
+    k, steps = 2, 5
+    if slow == "sampler":
+        original = pipeline.generate
+        monkeypatch.setattr(pipeline, "generate", lambda *a: (time.sleep(0.3), original(*a))[1])
+    else:
+        original = Learner.update
+        monkeypatch.setattr(Learner, "update", lambda *a: (time.sleep(0.3), original(*a))[1])
+    run_dir = run_train(tiny_model_dir, tmp_path / "run", f"train.total_steps={steps}",
+                        f"pipeline.max_staleness={k}")
+    updates_per_step = 2  # ppo_epochs 1 x minibatches 2
+    by_step = {}
+    for r in read_rows(run_dir):
+        by_step.setdefault(r.step, set()).add(r.policy_version)
+    # the trainer starts step s at version 2s; step s's batch was sampled at the start of step s - k
+    assert by_step == {s: {updates_per_step * max(0, s - k)} for s in range(steps)}
+    lines = metrics(run_dir)
+    assert [m["staleness/max"] for m in lines] == [min(s, k) for s in range(steps)]
+    assert all(m["staleness/max"] <= k for m in lines)
+    for m in lines[1:]:  # stale batches: the correction's metrics are logged and finite
+        assert math.isfinite(m["offpolicy/mismatch_kl"]) and m["offpolicy/mismatch_kl"] >= 0
+        assert 0 < m["offpolicy/is_weight_mean"] <= 2.0
+    assert "offpolicy/mismatch_kl" not in lines[0]  # step 0 is on-policy
+
+
+def test_async_run_resumes_exactly_with_orders_in_flight(tiny_model_dir, tmp_path, monkeypatch):
+    extra = ["train.total_steps=5", "pipeline.max_staleness=2", "checkpoint.every_steps=2"]
+    whole = run_train(tiny_model_dir, tmp_path / "whole", *extra)
+
+    class Crash(Exception):
+        pass
+
+    from postrl import train as train_module
+
+    calls = []
+
+    def crash_after_step_2(name):  # dies between steps, after the step-2 checkpoint
+        calls.append(name)
+        if len(calls) == 3:
+            raise Crash
+
+    monkeypatch.setattr(train_module, "crash_point", crash_after_step_2)
+    run_dir = tmp_path / "crashed"
+    threads = torch.get_num_threads()
+    with pytest.raises(Crash):
+        run_train(tiny_model_dir, run_dir, *extra)
+    monkeypatch.undo()
+    torch.set_num_threads(threads)  # the crashed run's engine never closed to restore it
+    state = torch.load(run_dir / "checkpoints" / "step_00000002" / "state.pt", weights_only=False)
+    assert sorted(state["pipeline"]["done"]) == [2, 3]  # drained in-flight orders are in the checkpoint
+    from postrl.train import resume_config
+
+    train(resume_config(run_dir, []), log=lambda *a: None, resume=True)
+    assert same_weights(weights(whole), weights(run_dir))
+    assert rows(whole) == rows(run_dir)
