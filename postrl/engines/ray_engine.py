@@ -1,0 +1,179 @@
+"""engine: ray. Rollout workers and the reward worker are Ray actors; the loop is unchanged.
+
+    trainer (driver)         RolloutWorker i (step % n)        RewardWorker
+    submit(q): put weights --> generate(order q, [weights ref]) --> score(step q, samples)
+    take(q): ray.get  <-------------------------------------------- Rollout(q)
+
+Orders and their timing are `postrl.engines.pipeline`'s: an order is submitted at the start of
+trainer step q - K with a reference to the weights of that moment, published once per policy
+version through Ray's object store (`ray.put` of the state dict, after each update, when the next
+order goes out). A worker fetches a version only when it differs from what it holds. The reward
+worker takes the generation's object ref as its argument, so Ray starts scoring batch q as soon
+as it is sampled, while the rollout worker goes on to batch q+1.
+
+Faults: when a result cannot be fetched because an actor died, the dead actors are replaced (up
+to `ray.max_restarts` times) and every order in flight is submitted again. An order's outcome
+is fixed by its tasks, its weights and its (seed, step) generator, so the re-run produces the
+samples the lost run would have: none is lost, and since results are taken once per step, none
+is duplicated. Each event is logged (and counted in the `engine/restarts` metric).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import ray
+import torch
+
+from postrl.config import Config
+from postrl.engines.pipeline import Order, Pipeline, Rollout, generate, timed_score
+from postrl.policy.policy import Policy
+
+if TYPE_CHECKING:
+    from postrl.policy.update import UpdateStats
+    from postrl.run import Run
+
+
+class RolloutWorker:
+    """Holds a copy of the policy; samples orders with the weights each one names."""
+
+    def __init__(self, model, tok, cfg: Config):
+        torch.set_num_threads(1)  # one actor per CPU Ray schedules it on
+        self.policy, self.cfg, self.loaded = Policy(model.eval(), tok), cfg, None
+
+    def ping(self) -> bool:
+        return True
+
+    def generate(self, order: Order, weights: list) -> tuple[list, float]:
+        import time
+
+        t0 = time.perf_counter()
+        ref = weights[0]  # boxed in a list so Ray hands over the ref, fetched only when new
+        if self.loaded != ref:
+            self.policy.model.load_state_dict(ray.get(ref))
+            self.loaded = ref
+        self.policy.version = order.version
+        samples = generate(self.policy, order, self.cfg)
+        return samples, time.perf_counter() - t0
+
+
+class RewardWorker:
+    """The run's domains (verifiers, sandbox, reward models), scoring finished batches."""
+
+    def __init__(self, cfg: Config):
+        from postrl.rewards.rm import register_rm_term
+        from postrl.run import build_domains
+
+        torch.set_num_threads(1)
+        for term, model_dir in cfg.reward_models.items():
+            register_rm_term(term, model_dir)
+        self.cfg, self.domains = cfg, build_domains(cfg)
+
+    def ping(self) -> bool:
+        return True
+
+    def score(self, step: int, generated: tuple[list, float]) -> Rollout:
+        samples, sample_s = generated
+        return Rollout(step, samples, sample_s, timed_score(samples, self.domains, self.cfg))
+
+
+@dataclass
+class Flight:
+    order: Order
+    ref: Any
+    """Object ref of the scored `Rollout`."""
+
+
+class RayEngine(Pipeline):
+    def __init__(self, run: Run):
+        super().__init__(run)
+        r = run.cfg.ray
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:  # else the caller's cluster (tests share one per module)
+            ray.init(address=r.address or None, num_cpus=(r.num_cpus or None) if not r.address else None,
+                     include_dashboard=False, log_to_driver=False)
+        model = copy.deepcopy(run.policy.model)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self._model_ref = ray.put(model)  # one copy in the object store, shared by every (re)started worker
+        self._actor = ray.remote(num_cpus=1)(RolloutWorker), ray.remote(num_cpus=0)(RewardWorker)
+        self.workers = [self._new_worker() for _ in range(r.rollout_workers)]
+        self.scorer = self._actor[1].remote(run.cfg)
+        self.restarts = 0
+        self._published: tuple[int, Any] | None = None
+
+    def _new_worker(self):
+        return self._actor[0].remote(self._model_ref, self.run.policy.tok, self.cfg)
+
+    def _publish(self):
+        version = self.run.policy.version
+        if self._published is None or self._published[0] != version:
+            self._published = (version, ray.put(self.run.policy.model.state_dict()))  # serialised now
+        return self._published[1]
+
+    def _start(self, order: Order) -> Flight:
+        flight = Flight(replace(order, weights=self._publish()), None)
+        self._dispatch(flight)
+        return flight
+
+    def _dispatch(self, flight: Flight) -> None:
+        o = flight.order
+        worker = self.workers[o.step % len(self.workers)]
+        generated = worker.generate.remote(replace(o, weights=None), [o.weights])
+        flight.ref = self.scorer.score.remote(o.step, generated)
+
+    def _wait(self, flight: Flight) -> Rollout:
+        while True:
+            try:
+                return ray.get(flight.ref)
+            except ray.exceptions.RayError as e:
+                if not self._recover(e, flight):
+                    raise
+
+    def _ready(self, flight: Flight) -> bool:
+        return bool(ray.wait([flight.ref], timeout=0)[0])
+
+    def _recover(self, error: Exception, current: Flight) -> bool:
+        """Replace dead actors and submit every order in flight again; False if none had died."""
+        dead = [i for i, w in enumerate(self.workers) if not _alive(w)]
+        scorer_dead = not _alive(self.scorer)
+        if not dead and not scorer_dead:
+            return False
+        self.restarts += len(dead) + scorer_dead
+        if self.restarts > self.cfg.ray.max_restarts:
+            self.run.log(f"ray engine: {self.restarts} actor restarts exceed ray.max_restarts; giving up")
+            return False
+        for i in dead:
+            self.workers[i] = self._new_worker()
+        if scorer_dead:
+            self.scorer = self._actor[1].remote(self.cfg)
+        flights = [current, *(f for f in self.in_flight.values() if f is not current)]
+        again = sorted(f.order.step for f in flights)
+        self.run.log(f"ray engine: {'rollout worker(s) ' + str(dead) if dead else ''}"
+                     f"{' reward worker' if scorer_dead else ''} died ({type(error).__name__}); "
+                     f"restarted; steps {again} submitted again")
+        for f in flights:
+            self._dispatch(f)
+        return True
+
+    def metrics(self, stats: UpdateStats) -> dict[str, float]:
+        return super().metrics(stats) | {"engine/restarts": float(self.restarts)}
+
+    def _discard(self) -> None:
+        self._published = None
+
+    def close(self) -> None:
+        for actor in [*self.workers, self.scorer]:
+            ray.kill(actor)
+        if self._owns_ray:
+            ray.shutdown()
+
+
+def _alive(actor) -> bool:
+    try:
+        ray.get(actor.ping.remote(), timeout=60)
+        return True
+    except ray.exceptions.RayActorError:
+        return False
