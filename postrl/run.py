@@ -75,6 +75,7 @@ class Run:
 def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     """Build a run from its config; with `resume`, continue from the newest intact checkpoint."""
     seed_everything(cfg.seed)
+    set_threads(cfg.run.threads)
     run_dir = make_run_dir(cfg, resume)
     save_config(cfg, run_dir / "config.yaml")
     for term, model_dir in cfg.reward_models.items():  # before the domains, whose reward terms may use them
@@ -218,6 +219,11 @@ def save_model(policy: Policy, path: Path) -> None:
 
 def load_weights(model, path: Path) -> None:
     load_policy_weights(model, path)  # LoRA: the adapters only
+
+
+def set_threads(threads: int) -> None:
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 def seed_everything(seed: int) -> None:

