@@ -200,6 +200,8 @@ class PipelineConfig:
     One step is ppo_epochs x minibatches optimiser updates (policy.version counts those)."""
     is_cap: float = 2.0
     """Truncation of the importance weight pi_prox / pi_behav on stale batches (decoupled PPO + TIS)."""
+    source: str = ""
+    """Where batches come from: '' samples live; 'replay:RUN_DIR' trains on a stored run's rollouts."""
 
 
 @dataclass
@@ -410,6 +412,12 @@ def validate_engine(cfg: Config) -> None:
         raise ConfigError(f"config key 'pipeline.is_cap' = {cfg.pipeline.is_cap}: must be >= 1")
     if cfg.ray.rollout_workers < 1:
         raise ConfigError(f"config key 'ray.rollout_workers' = {cfg.ray.rollout_workers}: must be >= 1")
+    if cfg.pipeline.source:
+        if not cfg.pipeline.source.startswith("replay:"):
+            raise ConfigError(f"config key 'pipeline.source' = {cfg.pipeline.source!r}: expected '' or 'replay:RUN_DIR'")
+        if cfg.engine != "local" or cfg.pipeline.max_staleness or cfg.curriculum.dynamic_sampling:
+            raise ConfigError("config key 'pipeline.source': replay runs with engine local, max_staleness 0 "
+                              "and no dynamic sampling (stored batches are replayed as they are)")
 
 
 def validate_curriculum(cfg: Config) -> None:

@@ -51,7 +51,7 @@ class PretrainSpec:
     """Share of answers with the domain's systematic mistake."""
     p_slip: float = 0.20
     """arith: chance that the last digit slips by one or two, independent of the work."""
-    steps: int = 1200
+    steps: int = 600
     batch_size: int = 128
     lr: float = 2e-3
     hidden_size: int = 128
@@ -256,4 +256,9 @@ def ensure_tiny_model(spec: PretrainSpec | None = None, log=print, name: str = "
         return path
     log(f"building the demo base model (first use, cached at {path})")
     path.parent.mkdir(parents=True, exist_ok=True)
-    return pretrain(spec, path, log=log)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # a one-off batch job: use every core, then give them back
+    try:
+        return pretrain(spec, path, log=log)
+    finally:
+        torch.set_num_threads(threads)

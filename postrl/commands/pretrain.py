@@ -8,12 +8,15 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="output directory (default: the cache postrl train uses)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, help="optimiser steps (default: the demo's)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from postrl.pretrain import PretrainSpec, ensure_tiny_model, pretrain
+    from postrl.run import set_threads
 
+    set_threads(args.threads)
     spec = PretrainSpec(seed=args.seed)
     if args.steps is not None:
         spec.steps = args.steps

@@ -287,7 +287,13 @@ class ThreadedEngine(Pipeline):
 
 
 def make_local_engine(run: Run) -> Pipeline:
-    """engine: local. max_staleness 0 runs inline (the synchronous loop); above, rollout threads."""
+    """engine: local. max_staleness 0 runs inline (the synchronous loop); above, rollout threads;
+    with pipeline.source=replay:RUN_DIR, a stored run's rollouts instead of sampling."""
+    from postrl.engines.replay import ReplayEngine, replay_dir
+
+    source = replay_dir(run.cfg.pipeline.source)
+    if source is not None:
+        return ReplayEngine(run, source)
     if run.cfg.pipeline.max_staleness == 0:
         return InlineEngine(run)
     return ThreadedEngine(run)
