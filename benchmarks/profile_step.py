@@ -18,11 +18,12 @@ import torch
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.policy.fastlm import FastLM
+from postrl.policy.lora import make_reference
 from postrl.policy.model import load_model
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.policy.update import Learner
-from postrl.run import build_domains, frozen_copy, step_generator
+from postrl.run import build_domains, step_generator
 from postrl.steps import assign_advantages, score_samples
 
 
@@ -32,7 +33,7 @@ class Step:
         self.domains = build_domains(cfg)
         model, tok = load_model(cfg.model.name, cfg.model.dtype, log=lambda *a: None)
         self.policy = Policy(model, tok)
-        ref = frozen_copy(model) if cfg.rl.kl_coef > 0 else None
+        ref = make_reference(model) if cfg.rl.kl_coef > 0 else None
         self.learner = Learner(self.policy, ref, cfg.train, cfg.rl)
         self.sampler = TaskSampler(self.domains, cfg.seed)
         self.weights = {name: d.weight for name, d in cfg.domains.items()}

@@ -23,11 +23,12 @@ import torch
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.policy.fastlm import shared_prefixes
+from postrl.policy.lora import make_reference
 from postrl.policy.model import load_model, resolve_model_path
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams, generate, left_pad
 from postrl.policy.update import Learner
-from postrl.run import build_domains, frozen_copy, step_generator
+from postrl.run import build_domains, step_generator
 from postrl.steps import assign_advantages, score_samples
 
 
@@ -94,7 +95,7 @@ def update(model_path, recipe: str, overrides: list[str], repeats: int) -> dict[
     domains = build_domains(cfg)
     model, tok = load_model(str(model_path), log=lambda *a: None)
     policy = Policy(model, tok)
-    learner = Learner(policy, frozen_copy(model), cfg.train, cfg.rl)
+    learner = Learner(policy, make_reference(model), cfg.train, cfg.rl)
     weights = {name: d.weight for name, d in cfg.domains.items()}
     tasks = TaskSampler(domains, cfg.seed).next_batch(cfg.train.prompts_per_step, weights)
     gen = GenParams(cfg.train.max_new_tokens, cfg.train.temperature, cfg.train.top_p)

@@ -27,11 +27,12 @@ import torch
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.evaluate import evaluate_domain
+from postrl.policy.lora import make_reference
 from postrl.policy.model import load_model, resolve_model_path
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.policy.update import Learner
-from postrl.run import build_domains, frozen_copy, step_generator
+from postrl.run import build_domains, step_generator
 from postrl.steps import assign_advantages, score_samples
 from postrl.tasks.base import Response
 
@@ -41,7 +42,7 @@ def run_postrl(path, cfg, tasks, budget_s: float) -> tuple[list[float], int, Pol
     domains = build_domains(cfg)
     model, tok = load_model(str(path), log=lambda *a: None)
     policy = Policy(model, tok)
-    learner = Learner(policy, frozen_copy(model), cfg.train, cfg.rl)
+    learner = Learner(policy, make_reference(model), cfg.train, cfg.rl)
     gen = GenParams(cfg.train.max_new_tokens, cfg.train.temperature, cfg.train.top_p)
     p, n = cfg.train.prompts_per_step, cfg.train.samples_per_prompt
     times, tokens, start, step = [], 0, time.perf_counter(), 0

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import copy
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,13 +203,6 @@ def make_run_dir(cfg: Config, resume: bool) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     cfg.run.dir = str(path)  # the saved config names the directory it ran in
     return path
-
-
-def frozen_copy(model):
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
 
 
 def save_model(policy: Policy, path: Path) -> None:
