@@ -143,3 +143,11 @@ def test_answer_tags():
                  Response("<answer> </answer>", "stop")]
     out = apply_terms({"format_answer_tag": 1.0}, tasks, responses, [Score(0.0, None)] * 3)
     assert [s.reward for s in out] == [1.0, 0.0, 0.0]
+
+
+def test_length_term_is_characters_over_ten_capped_at_one():
+    from postrl.rewards.composite import get_term
+    from postrl.tasks.base import Response
+
+    values = get_term("length")([None] * 3, [Response("", "stop"), Response("12345", "stop"), Response("x" * 40, "length")])
+    assert list(values) == [0.0, 0.5, 1.0]

@@ -70,3 +70,12 @@ def overlong(tasks, responses) -> list[float]:
     """1 when the completion was cut at max_new_tokens (finish_reason 'length'): it never finished
     its answer, so a negative weight discourages rambling (DAPO's overlong penalty, hard form)."""
     return [float(r.finish_reason == "length") for r in responses]
+
+
+@register_term("length")
+def length(tasks, responses) -> list[float]:
+    """Completion length in characters, divided by 10 and capped at 1: a verbosity bonus.
+
+    Gameable on purpose: a policy can earn it without being right. recipes/hacking.yaml uses it to
+    show the monitors catching a reward that rises while the verifier's pass rate falls."""
+    return [min(len(r.text) / 10.0, 1.0) for r in responses]
