@@ -1,0 +1,55 @@
+"""KL control and alert actions in real runs."""
+
+import json
+
+import pytest
+
+from postrl.algo.kl_control import AdaptiveKL, FixedKL, make_kl_controller
+from postrl.cli import main
+
+
+def test_adaptive_kl_moves_toward_the_target_by_hand():
+    ctl = AdaptiveKL(init_coef=0.1, target=0.1, horizon=10)
+    assert ctl.update(0.3) == pytest.approx(0.1 * (1 + 0.2 / 10))  # above target: error clipped to +0.2
+    assert ctl.update(0.0) == pytest.approx(0.1 * 1.02 * (1 - 0.2 / 10))  # below: clipped to -0.2
+    assert ctl.update(0.11) == pytest.approx(0.1 * 1.02 * 0.98 * (1 + 0.1 / 10))  # +10% off target
+    assert ctl.update(float("nan")) == ctl.coef  # a non-finite estimate leaves it alone
+    assert FixedKL(0.05).update(9.0) == 0.05
+    assert isinstance(make_kl_controller(0.05, 0.0, 10), FixedKL)
+    restored = AdaptiveKL(0.5, 0.1, 10)
+    restored.load_state_dict(ctl.state_dict())
+    assert restored.coef == ctl.coef
+
+
+def _args(tiny_model_dir, run_dir, *extra):
+    return ["train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={run_dir}",
+            "train.total_steps=4", "train.prompts_per_step=4", "train.samples_per_prompt=4",
+            "rl.entropy_coef=0.01", "eval.num_problems=4", "eval.samples_per_problem=2", "eval.k=[1]",
+            "run.progress=false", *extra]
+
+
+def test_stop_alert_leaves_a_resumable_run(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    # any KL above 1e-9 counts as a spike: it fires in step 0 (the second minibatch has moved)
+    assert main(_args(tiny_model_dir, run_dir, "monitor.kl_spike.max_kl=1e-9", "monitor.kl_spike.action=stop")) == 0
+    alerts = [json.loads(x) for x in (run_dir / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["name"], a["action"]) for a in alerts] == [(0, "kl_spike", "stop")]
+    assert (run_dir / "checkpoints" / "step_00000001" / "meta.json").is_file()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+
+    assert main(["train", "--resume", str(run_dir), "monitor.kl_spike.enabled=false"]) == 0
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
+    assert (run_dir / "final" / "model.safetensors").is_file()
+
+
+def test_rollback_restores_the_checkpoint_and_lowers_the_learning_rate(tiny_model_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(_args(tiny_model_dir, run_dir, "checkpoint.every_steps=1", "monitor.kl_spike.max_kl=1e-9",
+                      "monitor.kl_spike.action=rollback", "monitor.max_rollbacks=1")) == 0
+    out = capsys.readouterr().out
+    assert "rolled back to step 1; learning rate x0.5 (rollback 1)" in out
+    # the monitor state comes back from the checkpoint too (already fired, quiet while KL stays up)
+    assert "stopping at step" not in out
+    lrs = [json.loads(x)["lr"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[-1] == pytest.approx(0.5e-4)
