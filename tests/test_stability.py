@@ -53,3 +53,14 @@ def test_rollback_restores_the_checkpoint_and_lowers_the_learning_rate(tiny_mode
     assert "stopping at step" not in out
     lrs = [json.loads(x)["lr"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert lrs[0] == pytest.approx(1e-4) and lrs[-1] == pytest.approx(0.5e-4)
+
+
+def test_multi_temperature_sampling_stores_each_samples_temperature(tiny_model_dir, tmp_path):
+    from postrl.store import read_rows
+
+    run_dir = tmp_path / "run"
+    assert main(_args(tiny_model_dir, run_dir, "train.total_steps=1", "train.temperatures=[0.5,1.0]")) == 0
+    rows = sorted(read_rows(run_dir), key=lambda r: r.sample)
+    assert [r.temperature for r in rows] == [0.5, 1.0] * 8  # cycling within each group of 4
+    metrics = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["entropy/arith"] > 0
