@@ -23,13 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from postrl.algo.passk import pass_at_k
 from postrl.config import load_config
+from postrl.evaluate import count_correct
 from postrl.policy.model import load_model
 from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
 from postrl.tasks import make_domain
 from postrl.train import train
 
@@ -38,24 +36,11 @@ SECOND_DOMAIN = ("chat_count", {"levels": [0]})  # held out: half as many proble
 TARGET_GAIN = 0.10
 
 
-def per_problem(policy: Policy, domain, tasks, samples: int, temperature: float, max_new_tokens: int, seed: int):
-    """Per-problem (greedy correct, number of correct samples out of `samples`)."""
-    greedy = policy.sample(tasks, 1, GenParams(max_new_tokens, greedy=True))
-    g = [bool(s.correct) for s in domain.score(tasks, [x.response for x in greedy])]
-    gen = torch.Generator().manual_seed(seed)
-    sampled = policy.sample(tasks, samples, GenParams(max_new_tokens, temperature=temperature), gen)
-    scores = domain.score([s.task for s in sampled], [s.response for s in sampled])
-    correct = [0] * len(tasks)
-    for s, sc in zip(sampled, scores):
-        correct[s.group] += bool(sc.correct)
-    return g, correct
-
-
 def measure(policy: Policy, suites: dict, cfg) -> dict:
     out = {}
     for name, (domain, tasks) in suites.items():
         t0 = time.perf_counter()
-        g, c = per_problem(policy, domain, tasks, cfg.eval.samples_per_problem, cfg.eval.temperature,
+        g, c = count_correct(policy, domain, tasks, cfg.eval.samples_per_problem, cfg.eval.temperature,
                            cfg.train.max_new_tokens, cfg.seed)
         out[name] = {"greedy": g, "correct": c}
         print(f"  {name}: {summary(out[name], cfg.eval.samples_per_problem)} ({time.perf_counter() - t0:.0f} s)",

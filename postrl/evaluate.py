@@ -13,6 +13,22 @@ from postrl.policy.rollout import GenParams
 from postrl.tasks.base import Domain
 
 
+def count_correct(
+    policy: Policy, domain: Domain, tasks: list, samples_per_problem: int, temperature: float,
+    max_new_tokens: int, seed: int = 0,
+) -> tuple[list[bool], list[int]]:
+    """Per problem: is the greedy answer correct, and how many of `samples_per_problem` samples are."""
+    greedy = policy.sample(tasks, 1, GenParams(max_new_tokens, greedy=True))
+    greedy_ok = [bool(s.correct) for s in domain.score(tasks, [x.response for x in greedy])]
+    gen = torch.Generator().manual_seed(seed)
+    sampled = policy.sample(tasks, samples_per_problem, GenParams(max_new_tokens, temperature=temperature), gen)
+    scores = domain.score([s.task for s in sampled], [s.response for s in sampled])
+    correct = [0] * len(tasks)
+    for s, sc in zip(sampled, scores):
+        correct[s.group] += bool(sc.correct)
+    return greedy_ok, correct
+
+
 def evaluate_domain(
     policy: Policy,
     domain: Domain,
@@ -24,15 +40,8 @@ def evaluate_domain(
     seed: int = 0,
 ) -> dict[str, float]:
     tasks = domain.heldout(num_problems)
-    greedy = policy.sample(tasks, 1, GenParams(max_new_tokens, greedy=True))
-    greedy_scores = domain.score(tasks, [s.response for s in greedy])
-    gen = torch.Generator().manual_seed(seed)
-    sampled = policy.sample(tasks, samples_per_problem, GenParams(max_new_tokens, temperature=temperature), gen)
-    scores = domain.score([s.task for s in sampled], [s.response for s in sampled])
-    correct = [0] * len(tasks)
-    for s, sc in zip(sampled, scores):
-        correct[s.group] += bool(sc.correct)
-    result = {"greedy": sum(bool(s.correct) for s in greedy_scores) / len(tasks)}
+    greedy_ok, correct = count_correct(policy, domain, tasks, samples_per_problem, temperature, max_new_tokens, seed)
+    result = {"greedy": sum(greedy_ok) / len(tasks)}
     for k in ks:
         result[f"pass@{k}"] = sum(pass_at_k(samples_per_problem, c, k) for c in correct) / len(tasks)
     result["n_problems"] = len(tasks)
