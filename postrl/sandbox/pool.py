@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import os
 import queue
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from postrl.sandbox import isolation
+
+_log = logging.getLogger("postrl.sandbox")
 
 _ZYGOTE_SOURCE = (Path(__file__).parent / "_zygote.py").read_text()
 # Imported once in the worker, so runs need not. Each costs fork time in every run (a bigger
@@ -69,6 +72,10 @@ class SandboxConfig:
     """Try bubblewrap; False forces the unisolated mode (tests of the fallback)."""
     max_queue: int = 0
     """Requests allowed to wait for a worker (used by the server); 0 means 4 per worker."""
+    max_workers: int = 0
+    """Elastic pool: grow toward this many workers while requests wait (0 = fixed at `workers`)."""
+    idle_shrink_s: float = 30.0
+    """Elastic pool: a worker above `workers` idle this long is stopped."""
 
     def n_workers(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
@@ -362,6 +369,11 @@ class SandboxPool:
         self.isolation = first.layers
         """Layers in force, e.g. 'bwrap+seccomp+uid+rlimits' (the same for every worker)."""
         self.info = dict(first.hello)
+        self._min, self._max = n, max(n, self.cfg.max_workers)
+        self._idle_since: dict[int, float] = {}
+        """Slot -> when that worker last became idle (for shrinking)."""
+        self.sizes: list[tuple[float, int]] = [(time.monotonic(), n)]
+        """(time, number of workers) at start and after every grow or shrink."""
 
     @property
     def isolated(self) -> bool:
@@ -402,7 +414,7 @@ class SandboxPool:
     def run(self, req: RunRequest) -> RunResult:
         if self._closed:
             raise RuntimeError("sandbox pool is closed")
-        w = self._idle.get()
+        w = self._acquire()
         try:
             result = w.run(req)
         except ValueError as e:
@@ -420,13 +432,68 @@ class SandboxPool:
                 except SandboxUnavailable:
                     time.sleep(0.5)
                     w.start()
+        if self._retire_if_idle_extra(w):
+            return
+        self._idle_since[w.slot] = time.monotonic()
         self._idle.put(w)
+
+    # -- elasticity: grow while requests wait, shrink back after `idle_shrink_s` of quiet
+    def _acquire(self) -> _Worker:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        grown = self._grow()
+        return grown if grown is not None else self._idle.get()
+
+    def _grow(self) -> _Worker | None:
+        with self._lock:
+            if self._closed or len(self._workers) >= self._max:
+                return None
+            slot = max(w.slot for w in self._workers) + 1
+            w = _Worker(slot, self.cfg, self._workers[0].mode, self._uid_for(slot), self._launcher)
+            self._workers.append(w)
+        if _try_start(w) is not None:
+            with self._lock:
+                self._workers.remove(w)
+            return None
+        self._resized()
+        return w
+
+    def shrink_idle(self) -> int:
+        """Stop workers above the base size that have been idle `idle_shrink_s`; returns how many."""
+        stopped, keep = 0, []
+        while True:
+            try:
+                keep.append(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        for w in keep:
+            if not self._retire_if_idle_extra(w, idle_for=time.monotonic() - self._idle_since.get(w.slot, 0.0)):
+                self._idle.put(w)
+            else:
+                stopped += 1
+        return stopped
+
+    def _retire_if_idle_extra(self, w: _Worker, idle_for: float = 0.0) -> bool:
+        with self._lock:
+            if len(self._workers) <= self._min or idle_for < self.cfg.idle_shrink_s or self._closed:
+                return False
+            self._workers.remove(w)
+        w.stop()
+        self._resized()
+        return True
+
+    def _resized(self) -> None:
+        self.sizes.append((time.monotonic(), len(self._workers)))
+        _log.info("sandbox pool resized to %d workers (base %d, max %d)", len(self._workers), self._min, self._max)
 
     def run_many(self, reqs: list[RunRequest]) -> list[RunResult]:
         """Run requests concurrently on all workers; results in request order."""
         if not reqs:
             return []
-        with ThreadPoolExecutor(max_workers=min(len(reqs), len(self._workers))) as ex:
+        self.shrink_idle()  # between batches: extra workers that sat out the last idle_shrink_s go
+        with ThreadPoolExecutor(max_workers=min(len(reqs), self._max)) as ex:
             return list(ex.map(self.run, reqs))
 
     @property

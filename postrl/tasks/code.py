@@ -62,6 +62,10 @@ class CodeParams:
     memory_mb: int = 512
     workers: int = 0
     """Sandbox workers; 0 means one per CPU core."""
+    max_workers: int = 0
+    """Elastic sandbox pool: grow toward this many workers while runs wait (0 = fixed size)."""
+    idle_shrink_s: float = 30.0
+    """Elastic sandbox pool: extra workers idle this long are stopped."""
     allow_unisolated: bool = False
     """Run without namespace isolation when bubblewrap is unavailable (rlimits/seccomp only)."""
     sandbox_url: str = ""
@@ -226,7 +230,8 @@ class Code:
         p = self.params
         if p.sandbox_url:
             return RemoteSandbox(p.sandbox_url, concurrency=max(1, p.workers or (os.cpu_count() or 1)))
-        cfg = SandboxConfig(workers=p.workers, memory_mb=p.memory_mb, allow_unisolated=p.allow_unisolated)
+        cfg = SandboxConfig(workers=p.workers, memory_mb=p.memory_mb, allow_unisolated=p.allow_unisolated,
+                            max_workers=p.max_workers, idle_shrink_s=p.idle_shrink_s)
         try:
             return SandboxPool(cfg)
         except SandboxUnavailable as e:
