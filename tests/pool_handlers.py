@@ -30,3 +30,10 @@ def write_file(job):
     with open(job, "w") as f:
         f.write("x")
     return "written"
+
+
+def echo_or_hang(job):
+    """Echo, except the job "hang" busy-loops deaf to SIGALRM (only the parent's kill ends it)."""
+    if job == "hang":
+        spin_deaf(job)
+    return job

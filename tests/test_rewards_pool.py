@@ -89,3 +89,13 @@ def test_unknown_handler_fails_loudly():
     with WorkerPool("postrl.rewards.nonexistent:f", workers=1, timeout_s=5) as pool:
         with pytest.raises(RuntimeError, match="failed to start"):
             pool.call(1)
+
+
+def test_a_hang_inside_a_pipelined_chunk_costs_only_that_job(handlers_on_path):
+    jobs = [f"j{i}" for i in range(40)]
+    jobs[5] = "hang"
+    with WorkerPool("pool_handlers:echo_or_hang", workers=2, timeout_s=1.0) as pool:
+        outcomes = pool.map(jobs)
+        assert [o.status for o in outcomes] == ["ok"] * 5 + ["timeout"] + ["ok"] * 34
+        assert [o.value for i, o in enumerate(outcomes) if i != 5] == [j for i, j in enumerate(jobs) if i != 5]
+        assert pool.stats["respawns"] == 1 and pool.stats["calls"] == 40

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 _SOFT_FRACTION = 0.8  # of timeout_s: the worker's own interrupt, before the parent's kill
+_CHUNK = 16  # most jobs pipelined to one worker at once
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -73,6 +74,8 @@ class _Worker:
         self.ready = False
         self.isolation = "unknown"
         self._next_id = 0
+        self._expect: list[int] = []
+        """Ids of the jobs sent and not yet answered, oldest first."""
 
     def wait_ready(self, timeout_s: float) -> None:
         msg = self._read(time.monotonic() + timeout_s)
@@ -84,15 +87,27 @@ class _Worker:
 
     def request(self, job: Any, timeout_s: float) -> dict | None:
         """The worker's answer, or None when the deadline passed (the worker is then useless)."""
-        self._next_id += 1
-        line = json.dumps({"id": self._next_id, "job": job}) + "\n"
+        self.send([job])
+        return self.answer(timeout_s)
+
+    def send(self, jobs: list[Any]) -> None:
+        """Queue jobs on the worker's stdin; it answers them in order, one line each. Sending a
+        few at once keeps the worker busy: it never waits a round trip for its next job."""
+        lines = []
+        for job in jobs:
+            self._next_id += 1
+            lines.append(json.dumps({"id": self._next_id, "job": job}) + "\n")
+        self._expect += range(self._next_id - len(jobs) + 1, self._next_id + 1)
         try:
-            self.proc.stdin.write(line.encode())
+            self.proc.stdin.write("".join(lines).encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
             raise _WorkerDied(f"worker gone before the call ({type(e).__name__})") from e
+
+    def answer(self, timeout_s: float) -> dict | None:
+        """The answer to the oldest queued job, or None when `timeout_s` passed without it."""
         msg = self._read(time.monotonic() + timeout_s)
-        if msg is not None and msg.get("id") != self._next_id:
+        if msg is not None and msg.get("id") != self._expect.pop(0):
             raise _WorkerDied("worker answered out of order")
         return msg
 
@@ -166,10 +181,52 @@ class WorkerPool:
         self._finalizer = weakref.finalize(self, _kill_all, self._procs)
 
     def map(self, jobs: list[Any]) -> list[Outcome]:
-        """Run every job, concurrently over the workers; outcomes in the order of `jobs`."""
+        """Run every job, concurrently over the workers; outcomes in the order of `jobs`.
+
+        Jobs go out in chunks of up to `_CHUNK`, pipelined to one worker each; every job still has
+        its own deadline (counted from the answer before it), and a job that overruns kills only
+        its worker: the rest of its chunk runs again on the replacement."""
         if len(jobs) <= 1:
             return [self.call(job) for job in jobs]
-        return list(self._pool().map(self.call, jobs))
+        size = max(1, min(_CHUNK, len(jobs) // (4 * self.workers)))
+        chunks = [jobs[i : i + size] for i in range(0, len(jobs), size)]
+        return [o for outcomes in self._pool().map(self.call_chunk, chunks) for o in outcomes]
+
+    def call_chunk(self, jobs: list[Any]) -> list[Outcome]:
+        worker = self._acquire()
+        outcomes: list[Outcome] = []
+        try:
+            while len(outcomes) < len(jobs):
+                if not worker.ready:  # a replacement after a kill: its first line is its greeting
+                    worker.wait_ready(self.startup_timeout_s)
+                done, worker = self._chunk_on(worker, jobs[len(outcomes) :])
+                outcomes += done
+        finally:
+            self._idle.put(worker)
+        with self._lock:
+            self.stats["calls"] += len(outcomes)
+            for o in outcomes:
+                self.stats[o.status] += 1
+        return outcomes
+
+    def _chunk_on(self, worker: _Worker, jobs: list[Any]) -> tuple[list[Outcome], _Worker]:
+        """Outcomes of a prefix of `jobs` (all of them unless one failed the worker), and the worker
+        to go on with (a fresh one after a kill)."""
+        done: list[Outcome] = []
+        try:
+            worker.send(jobs)
+            for _ in jobs:
+                t0 = time.monotonic()
+                msg = worker.answer(self.timeout_s)
+                if msg is None:
+                    detail = f"killed at the {self.timeout_s:g}s deadline"
+                    done.append(Outcome("timeout", None, detail, time.monotonic() - t0))
+                    return done, self._replace(worker)
+                done.append(Outcome(msg["status"], msg["value"], msg["detail"], time.monotonic() - t0))
+        except _WorkerDied as e:
+            done.append(Outcome("error", None, str(e), 0.0))
+            return done, self._replace(worker)
+        return done, worker
 
     def call(self, job: Any) -> Outcome:
         worker = self._acquire()
