@@ -35,7 +35,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from postrl.policy.chartok import build_char_tokenizer
 from postrl.tasks import code, sort
-from postrl.tasks.arith import ALPHABET, generate, is_heldout, render, solve
+from postrl.tasks.arith import ALPHABET, generate, render, solve
+from postrl.tasks.base import is_heldout
 
 
 @dataclass
@@ -147,7 +148,7 @@ def code_near_miss(rng: random.Random, body: str) -> str:
 def code_example(rng: random.Random, spec: MultiPretrainSpec) -> tuple[str, str]:
     while True:
         prompt, _, body = code.generated_problem(rng, rng.choice(spec.code_levels))
-        if code._hash_percent(prompt) >= 10:  # the code domain's held-out rule (default 10%)
+        if not is_heldout(prompt, 10):  # the domains' held-out rule at its default 10%
             break
     u = rng.random()
     if u < spec.p_right:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from postrl.errors import UserError
+from postrl.rewards.jsonl import read_jsonl
 
 
 def add_parser(sub) -> None:
@@ -83,29 +83,6 @@ def serve(args) -> int:
     return 0
 
 
-def read_jsonl(path: str, required: tuple[str, ...]) -> list[dict]:
-    """Rows of a JSONL file; a bad line is reported with its file and line number."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{path}: no such file")
-    rows = []
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{path}:{n}: expected a JSON object")
-            missing = [k for k in required if not isinstance(row.get(k), str)]
-            if missing:
-                raise UserError(f"{path}:{n}: missing string field '{missing[0]}'")
-            rows.append(row | {"_line": n})
-    return rows
-
-
 def score(args) -> int:
     from postrl.sandbox.client import RemoteSandbox
     from postrl.sandbox.judge import (
@@ -117,17 +94,17 @@ def score(args) -> int:
         split_test,
     )
 
-    problems = {}
-    for row in read_jsonl(args.problems, ("task_id", "prompt", "test", "entry_point")):
+    def usable_test(row: dict) -> str | None:
         try:
             split_test(row["test"], row["entry_point"])
         except (SyntaxError, ValueError) as e:
-            raise UserError(f"{args.problems}:{row['_line']}: unusable test ({e})") from None
-        problems[row["task_id"]] = CodeProblem(row["task_id"], row["prompt"], row["test"], row["entry_point"])
-    sols = read_jsonl(args.solutions, ("task_id", "completion"))
-    for s in sols:
-        if s["task_id"] not in problems:
-            raise UserError(f"{args.solutions}:{s['_line']}: unknown task_id {s['task_id']!r}")
+            return f"unusable test ({e})"
+        return None
+
+    rows = read_jsonl(args.problems, dict.fromkeys(("task_id", "prompt", "test", "entry_point"), str), usable_test)
+    problems = {r["task_id"]: CodeProblem(r["task_id"], r["prompt"], r["test"], r["entry_point"]) for r in rows}
+    sols = read_jsonl(args.solutions, dict.fromkeys(("task_id", "completion"), str),
+                      lambda s: None if s["task_id"] in problems else f"unknown task_id {s['task_id']!r}")
     weights = RewardWeights(args.w_compiles, args.w_tests, args.penalty_timeout, args.penalty_memory,
                             args.penalty_output)
     backend = RemoteSandbox(args.url, concurrency=max(1, args.workers or 4)) if args.url else _pool(args)

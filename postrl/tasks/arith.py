@@ -12,13 +12,12 @@ latent but unreliable skill: the right answer is in its distribution, but often 
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass, field
 
 from postrl.rewards.base import Score
-from postrl.tasks.base import Response, Task, parse_params, register_domain
+from postrl.tasks.base import Response, Task, is_heldout, parse_params, register_domain
 
 
 @dataclass(frozen=True)
@@ -51,11 +50,6 @@ class ArithParams:
     """Share of all problems reserved for the held-out split, in percent."""
     require_carry: bool = False
     """Only problems that need at least one carry or borrow (the systematic mistake matters)."""
-
-
-def is_heldout(prompt: str, percent: int) -> bool:
-    h = int(hashlib.sha1(prompt.encode()).hexdigest()[:8], 16)
-    return h % 100 < percent
 
 
 def generate(rng: random.Random, level: int) -> tuple[list[int], list[str]]:

@@ -13,6 +13,7 @@ A domain is a source of problems plus the rule that grades answers to them:
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +90,12 @@ def make_domain(name: str, params: dict[str, Any] | None = None, seed: int = 0) 
 def _load_builtin_domains() -> None:
     # Imported lazily so that `postrl.tasks.base` stays cheap and cycle-free.
     import postrl.tasks  # noqa: F401
+
+
+def is_heldout(text: str, percent: int) -> bool:
+    """The fixed held-out rule of generated domains: a problem is held out when a hash of its text
+    falls in the first `percent` of 100 buckets, so the split never depends on a seed."""
+    return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) % 100 < percent
 
 
 def parse_params(cls: type, params: dict[str, Any], domain: str) -> Any:

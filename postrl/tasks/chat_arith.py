@@ -20,14 +20,13 @@ training never samples them.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass, field
 
 from postrl.errors import UserError
 from postrl.rewards.base import Score
-from postrl.tasks.base import Response, Task, parse_params, register_domain
+from postrl.tasks.base import Response, Task, is_heldout, parse_params, register_domain
 
 LEVELS: dict[int, tuple[list[int], str]] = {
     1: ([1, 1], "+"), 2: ([2, 2], "+"), 3: ([2, 2], "+-"), 4: ([3, 3], "+"), 5: ([2, 2, 2], "+-"), 6: ([2, 1], "*"),
@@ -74,10 +73,6 @@ def score_reply(gold: str, response: Response) -> Score:
     return Score(reward=float(correct), correct=correct, components={"correct": float(correct)})
 
 
-def _heldout(question: str, percent: int) -> bool:
-    return int(hashlib.sha1(question.encode()).hexdigest()[:8], 16) % 100 < percent
-
-
 @register_domain("chat_arith")
 class ChatArith:
     name = "chat_arith"
@@ -99,7 +94,7 @@ class ChatArith:
         level = rng.choice(self.levels) if level is None else level
         while True:
             expr, value = make_problem(rng, level)
-            if not _heldout(expr, self.params.heldout_percent):
+            if not is_heldout(expr, self.params.heldout_percent):
                 return self._task(expr, value, level)
 
     def heldout(self, n: int) -> list[Task]:
@@ -112,7 +107,7 @@ class ChatArith:
                 if len(seen) == count:
                     break
                 expr, value = make_problem(rng, level)
-                if expr not in seen and _heldout(expr, self.params.heldout_percent):
+                if expr not in seen and is_heldout(expr, self.params.heldout_percent):
                     seen.add(expr)
                     tasks.append(self._task(expr, value, level))
         return tasks

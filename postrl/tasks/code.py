@@ -40,7 +40,7 @@ from postrl.rewards.base import Score
 from postrl.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.sandbox.client import RemoteSandbox
 from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
-from postrl.tasks.base import Response, Task, parse_params, register_domain
+from postrl.tasks.base import Response, Task, is_heldout, parse_params, register_domain
 
 SOURCES = ("humaneval", "generated")
 HUMANEVAL_STOPS = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert "]
@@ -91,10 +91,6 @@ def _humaneval_rows() -> list[dict]:
 
 def _is_heldout_humaneval(task_id: str) -> bool:
     return int(task_id.rsplit("/", 1)[1]) % 5 == 0
-
-
-def _hash_percent(text: str) -> int:
-    return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) % 100
 
 
 # --- generated problems ---------------------------------------------------------------------
@@ -176,7 +172,7 @@ class Code:
         level = rng.choice(self.levels) if level is None else level
         while True:
             prompt, test, canonical = generated_problem(rng, level)
-            if _hash_percent(prompt) >= self.params.heldout_percent:
+            if not is_heldout(prompt, self.params.heldout_percent):
                 return self._generated_task(prompt, test, canonical, level)
 
     def heldout(self, n: int) -> list[Task]:
@@ -192,7 +188,7 @@ class Code:
                 if len(seen) == count:
                     break
                 prompt, test, canonical = generated_problem(rng, level)
-                if prompt not in seen and _hash_percent(prompt) < self.params.heldout_percent:
+                if prompt not in seen and is_heldout(prompt, self.params.heldout_percent):
                     seen.add(prompt)
                     tasks.append(self._generated_task(prompt, test, canonical, level))
         return tasks

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 
 from postrl.errors import UserError
 from postrl.rewards.base import Score
-from postrl.tasks.arith import is_heldout
-from postrl.tasks.base import Response, Task, parse_params, register_domain
+from postrl.tasks.base import Response, Task, is_heldout, parse_params, register_domain
 
 LEVELS = {1: 3, 2: 4, 3: 5, 4: 6}
 """Level -> number of digits to sort."""
