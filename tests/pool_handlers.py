@@ -37,3 +37,23 @@ def echo_or_hang(job):
     if job == "hang":
         spin_deaf(job)
     return job
+
+
+def nap_pid(job):
+    """Which worker ran the job, after 20 ms of work."""
+    import time
+
+    time.sleep(0.02)
+    return os.getpid()
+
+
+_options: dict = {}
+
+
+def warmup(**options):
+    """Called once in each worker before its first job, with the pool's `options`."""
+    _options.update(options)
+
+
+def options(job):
+    return _options

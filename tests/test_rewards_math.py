@@ -127,3 +127,26 @@ def test_domain_style_score_uses_task_answer(verifier):
     tasks = [Task("gsm", "t1", "q", "\\frac{1}{2}"), Task("gsm", "t2", "q", "7")]
     responses = [Response("\\boxed{0.5}", "stop"), Response("\\boxed{8}", "stop")]
     assert [s.correct for s in verifier.score(tasks, responses)] == [True, False]
+
+
+def test_workers_remember_many_more_parsed_answers_than_math_verify():
+    import subprocess
+    import sys
+
+    code = ("from postrl.rewards.math import warmup; warmup(4096); import math_verify.parser as p; "
+            "print(p.parse_latex_cached.cache_info().maxsize, p.parse_expr_cached.cache_info().maxsize)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["4096", "4096"]
+
+
+def test_many_completions_sharing_few_answers_keep_their_verdicts(verifier):
+    # 60 distinct completions, 3 answers: the widened parse cache serves most of them
+    pairs = [("\\frac{3}{4}", f"Step {i}: we get \\boxed{{{ans}}}") for i in range(20)
+             for ans in ("0.75", "\\frac{6}{8}", "\\frac{4}{3}")]
+    assert [s.correct for s in verifier.verify(pairs)] == [True, True, False] * 20
+
+
+def test_verifier_asks_its_workers_for_the_parse_cache():
+    v = MathVerifier(workers=1, parse_cache=123)
+    assert v._pool._spec["options"] == {"parse_cache": 123}
+    v.close()

@@ -99,3 +99,27 @@ def test_a_hang_inside_a_pipelined_chunk_costs_only_that_job(handlers_on_path):
         assert [o.status for o in outcomes] == ["ok"] * 5 + ["timeout"] + ["ok"] * 34
         assert [o.value for i, o in enumerate(outcomes) if i != 5] == [j for i, j in enumerate(jobs) if i != 5]
         assert pool.stats["respawns"] == 1 and pool.stats["calls"] == 40
+
+
+def test_cursor_hands_out_every_job_once_in_shrinking_runs():
+    from postrl.rewards.pool import _CHUNK, _Cursor
+
+    for n, workers in [(1, 2), (7, 2), (100, 2), (1000, 4), (33, 1)]:
+        cursor, spans = _Cursor(n, workers), []
+        while (span := cursor.take()) is not None:
+            spans.append(span)
+        assert [i for a, b in spans for i in range(a, b)] == list(range(n))
+        sizes = [b - a for a, b in spans]
+        assert sizes == sorted(sizes, reverse=True) and max(sizes) <= _CHUNK and min(sizes) >= 1
+    assert _Cursor(100, 2).take() == (0, 16) and _Cursor(10, 2).take() == (0, 3)
+
+
+def test_map_spreads_jobs_over_all_workers(handlers_on_path):
+    with WorkerPool("pool_handlers:nap_pid", workers=2, timeout_s=5) as pool:
+        out = pool.map(list(range(64)))
+        assert len({o.value for o in out}) == 2 and pool.stats["calls"] == 64
+
+
+def test_options_reach_the_handler_modules_warmup(handlers_on_path):
+    with WorkerPool("pool_handlers:options", workers=1, timeout_s=5, options={"size": 7}) as pool:
+        assert pool.call(None).value == {"size": 7}

@@ -65,8 +65,25 @@ def verify_job(job: list) -> bool:
     return bool(verify(parsed_gold, parsed_answer, timeout_seconds=None))
 
 
-def warmup() -> None:
-    """Import math-verify and its LaTeX grammar in the worker before it is confined."""
+def _widen_parse_caches(size: int) -> None:
+    """math-verify memoises the parse of each extracted LaTeX/plain answer string, but only the
+    last 20. A step's samples repeat a few answers in many different completions (and ANTLR
+    parsing is most of a verification's cost), so each worker keeps `size`. Same functions,
+    same keys: only the cache size changes, so verdicts cannot. Left alone if a math-verify
+    version no longer has these memoised helpers."""
+    import math_verify.parser as parser
+
+    for name in ("parse_latex_cached", "parse_expr_cached"):
+        fn = getattr(parser, name, None)
+        if fn is not None and hasattr(fn, "cache_info") and hasattr(fn, "__wrapped__"):
+            setattr(parser, name, functools.lru_cache(maxsize=size)(fn.__wrapped__))
+
+
+def warmup(parse_cache: int = 0) -> None:
+    """In the worker before it is confined: widen math-verify's parse caches to `parse_cache`
+    entries (0: leave math-verify's), and import it and its LaTeX grammar."""
+    if parse_cache:
+        _widen_parse_caches(parse_cache)
     verify_job(["\\frac{1}{2}", "\\boxed{0.5}"])
     verify_job(["[1,3)", "$\\{1, 2\\}$ and x^2"])
 
@@ -90,9 +107,13 @@ class MathVerifier:
         workers: int | None = None,
         timeout_s: float = 5.0,
         cache_size: int = 100_000,
+        parse_cache: int = 4096,
         memory_mb: int = 2048,
     ):
-        self._pool = WorkerPool(_HANDLER, workers=workers, timeout_s=timeout_s, memory_mb=memory_mb)
+        """`cache_size` (gold, completion) verdicts are kept here; each worker keeps the parses of
+        `parse_cache` extracted answers (0: math-verify's own 20)."""
+        self._pool = WorkerPool(_HANDLER, workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
+                                options={"parse_cache": parse_cache})
         self._cache: OrderedDict[tuple[str, str], Score] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()

@@ -1,7 +1,8 @@
 """Entry point of one verifier worker process: `python -m postrl.rewards.worker SPEC_JSON`.
 
 Started and supervised by `postrl.rewards.pool.WorkerPool`. SPEC names a handler
-("module:function", called with one JSON job, returning a JSON value) and the soft deadline.
+("module:function", called with one JSON job, returning a JSON value), the soft deadline, and
+options for the handler module's `warmup(**options)`, run once before the first job.
 
 Protocol, one JSON object per line: jobs `{"id": n, "job": ...}` arrive on stdin; results
 `{"id": n, "status": "ok"|"timeout"|"error", "value": ..., "detail": "..."}` leave on the
@@ -63,8 +64,8 @@ def _load(spec: dict):
     module, _, func = spec["handler"].partition(":")
     mod = importlib.import_module(module)
     warmup = getattr(mod, "warmup", None)
-    if warmup is not None:
-        warmup()  # lazy imports and caches are filled before confinement forbids writes
+    if warmup is not None:  # lazy imports and caches are filled before confinement forbids writes
+        warmup(**spec.get("options", {}))
     return getattr(mod, func)
 
 
