@@ -78,8 +78,8 @@ class Learner:
         temps = torch.tensor([s.temperature for s in samples])
         ref = None
         if self.ref_model is not None and self.rl.kl_coef > 0:
-            with torch.no_grad():
-                ref, _ = token_logprobs(self.ref_model, ids, attn, temps, needed=loss_mask)
+            ref = self._logprobs(self.ref_model, torch.arange(len(rows)), ids, attn, loss_mask, temps,
+                                 out=torch.zeros_like(old))
         adv = torch.zeros(len(samples))  # filled in from the rewards by the loop
         prox = self._proximal_logprobs(samples, ids, attn, loss_mask, old, temps)
         return Batch(ids, attn, loss_mask, old, ref, adv, temps, prox)
@@ -93,14 +93,21 @@ class Learner:
         stale = torch.tensor([s.policy_version != self.policy.version for s in samples])
         if not stale.any():
             return None
-        prox = old.clone()
-        rows = stale.nonzero().flatten()
+        return self._logprobs(self.forward_model, stale.nonzero().flatten(), ids, attn, loss_mask, temps,
+                              out=old.clone())
+
+    @torch.no_grad()
+    def _logprobs(self, model, rows, ids, attn, loss_mask, temps, out: torch.Tensor) -> torch.Tensor:
+        """`out` with `model`'s log-probs of the completion tokens written into `rows`, one
+        micro-batch at a time (a forward over the whole batch is a memory spike with a large
+        vocabulary), each cut to its longest row."""
         for micro in self._micro_batches(rows):
             width = int(attn[micro].sum(-1).max())
-            logp, _ = token_logprobs(self.forward_model, ids[micro, :width], attn[micro, :width], temps[micro],
+            logp, _ = token_logprobs(model, ids[micro, :width], attn[micro, :width], temps[micro],
                                      needed=loss_mask[micro, : width - 1])
-            prox[micro, : width - 1] = logp * loss_mask[micro, : width - 1]
-        return prox
+            out[micro, : width - 1] = logp * loss_mask[micro, : width - 1]
+        return out
+
     def update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
         model = self.policy.model
         sample_entropy = torch.zeros(batch.input_ids.shape[0])
