@@ -1,6 +1,6 @@
 """The asynchronous pipeline (postrl.engines.pipeline): equivalence with the synchronous loop at
 max_staleness 0, the staleness bound under injected delays, the off-policy correction by hand,
-and exact resume with orders in flight."""
+exact resume with orders in flight, and groups graded while later groups are still generating."""
 
 import json
 import math
@@ -137,7 +137,7 @@ def test_staleness_never_exceeds_the_bound(tiny_model_dir, tmp_path, monkeypatch
     k, steps = 2, 5
     if slow == "sampler":
         original = pipeline.generate
-        monkeypatch.setattr(pipeline, "generate", lambda *a: (time.sleep(0.3), original(*a))[1])
+        monkeypatch.setattr(pipeline, "generate", lambda *a, **k: (time.sleep(0.3), original(*a, **k))[1])
     else:
         original = Learner.update
         monkeypatch.setattr(Learner, "update", lambda *a: (time.sleep(0.3), original(*a))[1])
@@ -188,3 +188,90 @@ def test_async_run_resumes_exactly_with_orders_in_flight(tiny_model_dir, tmp_pat
     train(resume_config(run_dir, []), log=lambda *a: None, resume=True)
     assert same_weights(weights(whole), weights(run_dir))
     assert rows(whole) == rows(run_dir)
+
+
+# ---------------------------------------------------------------------------- grading overlaps generation
+
+
+def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypatch):
+    """run_order hands each finished group to the scorer at once: with one group per generation
+    chunk, a slow model and a slow reward term, chunk k is being graded while chunk k+1 is sampled;
+    the samples and scores are those of sampling everything first and scoring after."""
+    import random
+
+    from postrl.policy import policy as policy_module
+    from postrl.policy.model import load_model
+    from postrl.policy.policy import Policy
+    from postrl.policy.rollout import GenParams
+    from postrl.rewards.composite import register_term, unregister_term
+    from postrl.run import build_domains, step_generator
+    from postrl.steps import score_samples
+
+    cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", *ARGS])
+    cfg.domains["arith"].reward = {"reward": 1.0, "test_slow": 0.0}  # computed and logged, weight 0
+    model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
+    policy = Policy(model, tok, max_batch=4)  # 4 samples per prompt: one group per generation chunk
+    domains = build_domains(cfg)
+    tasks = [domains["arith"].sample(random.Random(i)) for i in range(4)]
+    order = pipeline.Order(0, tasks, [1.0] * 16, 0)
+
+    chunks, graded = [], []  # (start, end) of each generation chunk; (start, task ids) of each score call
+    real_generate = policy_module.generate
+
+    def slow_generate(*a, **k):
+        start = time.time()
+        time.sleep(0.2)
+        out = real_generate(*a, **k)
+        chunks.append((start, time.time()))
+        return out
+
+    def slow_term(tasks, responses):
+        graded.append((time.time(), {t.task_id for t in tasks}))
+        time.sleep(0.1)
+        return [0.0] * len(tasks)
+
+    monkeypatch.setattr(policy_module, "generate", slow_generate)
+    register_term("test_slow")(slow_term)
+    scorer = pipeline.LocalScorer(domains, cfg)
+    try:
+        rollout = pipeline.run_order(policy, order, cfg, scorer).result()
+        during, spans = list(graded), list(chunks)
+        monkeypatch.undo()
+        after = policy.sample(tasks, 4, GenParams(cfg.train.max_new_tokens, 1.0, 1.0),
+                              step_generator(cfg.seed, 0, 0), [1.0] * 16)
+        score_samples(after, domains, cfg)  # the same samples, scored once all exist
+    finally:
+        scorer.close()
+        unregister_term("test_slow")
+
+    assert len(spans) == len(during) == rollout.chunks == 4
+    assert [ids for _, ids in during] == [{t.task_id} for t in tasks]  # group by group, in order
+    for k in range(3):  # group k is graded once sampled (its chunk's 0.2 s delay is over), before chunk k+1 ends
+        assert spans[k][0] + 0.2 <= during[k][0] < spans[k + 1][1]
+    assert rollout.reward_s >= 0.4 and rollout.overlap_s >= 0.25  # three of the four ran during generation
+    assert rollout.tail_s < rollout.reward_s
+    key = [(s.group, s.completion_ids, s.logprobs, s.text, s.score) for s in rollout.samples]
+    assert key == [(s.group, s.completion_ids, s.logprobs, s.text, s.score) for s in after]
+
+
+def test_whole_groups_are_handed_over_once_each(tiny_model_dir):
+    """Multi-temperature sampling splits each group over two generation batches: a group is
+    handed over only once its last sample exists, every sample exactly once, groups whole."""
+    from postrl.policy.model import load_model
+    from postrl.policy.policy import Policy
+    from postrl.policy.rollout import GenParams
+    from postrl.tasks.base import Task
+
+    model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
+    policy = Policy(model, tok)
+    tasks = [Task("arith", f"t{i}", f"{i}+{i}=", str(2 * i)) for i in range(3)]
+    temps = [0.5, 1.0] * 6  # within each group: half at 0.5 (first batch), half at 1.0 (second)
+    ready: list[list] = []
+    samples = policy.sample(tasks, 4, GenParams(6), torch.Generator().manual_seed(0), temps, on_ready=ready.append)
+    handed = [s for chunk in ready for s in chunk]
+    assert sorted(map(id, handed)) == sorted(map(id, samples))  # each sample once
+    for chunk in ready:
+        groups = [s.group for s in chunk]
+        assert len(chunk) % 4 == 0 and all(groups.count(g) == 4 for g in groups)  # whole groups
+    plain = policy.sample(tasks, 4, GenParams(6), torch.Generator().manual_seed(0), temps)
+    assert [s.completion_ids for s in plain] == [s.completion_ids for s in samples]

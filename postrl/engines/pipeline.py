@@ -10,7 +10,7 @@ An order for step q is submitted at the start of trainer step q - K (K = pipelin
 and samples with the weights the trainer has then: those after q - K steps. The trainer consumes
 it at step q, having made q steps, so every batch is exactly K steps stale (the first K batches
 less: they all use the initial weights). Timeline for K = 1 (Si = sample+score batch i with the
-weights W after j steps, Ti = train on batch i):
+weights Wj after j steps, Ti = train on batch i):
 
     rollout side : S0(W0) S1(W0)  | S2(W1)       | S3(W2)       | ...
     trainer      :        T0      | T1           | T2           | ...
@@ -25,6 +25,25 @@ order, each order's sampling generator is seeded by (seed, step, 0), and each or
 fixed when it is submitted. So a run is reproducible at any K, K = 0 is the synchronous loop, and
 a lost order can be sampled again with the identical outcome (the Ray engine's fault handling).
 
+Within an order, grading overlaps generation. Every engine runs an order through `run_order`:
+the sampler tells it about each row the moment that row ends (EOS, stop string, or the last
+token), and as soon as all samples of a group exist the group goes to a scorer (a thread here,
+the reward actor under Ray), which grades it (verifiers, sandbox runs, reward terms) while the
+longer rows and the later generation chunks are still being sampled. The order's Rollout is
+complete when its last chunk is scored. One order, g = a group's samples all finished,
+Rg = grading it:
+
+    sampling : [ batch of rows ..........g0 g2 ....g1 g3 ]  next order ...
+    scoring  :                           R0 R2     R1 R3    (tail_s: after the last row)
+
+The draws do not depend on this (the batches and the generator's calls are those of plain
+sampling, and the scorer only reads finished samples), and a sample's verdict does not depend on
+which others are graded with it; so samples and scores equal those of scoring after generation.
+The threaded engine also lets an order's last groups be graded while the next order samples.
+Metrics: `time/reward_s` (scoring seconds, summed over chunks), `time/reward_overlap_s` (the part
+that ran while the order was still generating), `time/reward_tail_s` (wall time from the end of
+generation until everything was scored), `pipeline/score_chunks`.
+
 State: `state_dict()` drains the orders in flight (waits for their scored samples) and returns
 them with the submission counter; a resumed run puts them back as finished rollouts and goes on
 submitting from there, so no rollout is lost or made twice and the weights they were sampled with
@@ -38,8 +57,9 @@ import queue
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -47,6 +67,7 @@ from postrl.config import Config
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.records import Sample
+from postrl.rewards.base import Score
 from postrl.run import step_generator
 from postrl.steps import score_samples
 from postrl.tasks.base import Task
@@ -77,21 +98,124 @@ class Rollout:
     step: int
     samples: list[Sample]
     sample_s: float
+    """Wall seconds of generation."""
     reward_s: float
+    """Seconds spent scoring, summed over the scored chunks."""
+    overlap_s: float = 0.0
+    """The part of reward_s that ran while generation was still going."""
+    tail_s: float = 0.0
+    """Wall seconds from the end of generation until the last chunk was scored."""
+    chunks: int = 0
+    """Score calls: sets of whole groups handed to the scorer as they finished."""
+    events: tuple[str, ...] = ()
+    """What the rollout side wants logged (a sandbox actor died and its runs were re-queued, ...)."""
 
 
-def generate(policy: Policy, order: Order, cfg: Config) -> list[Sample]:
+@dataclass
+class Scored:
+    """A scorer's answer for one chunk: a Score and a reward_s share per sample, and when it ran."""
+
+    scores: list[Score]
+    reward_s: list[float]
+    start: float
+    end: float
+    """time.time() stamps: comparable across the processes of one machine."""
+    events: tuple[str, ...] = ()
+
+
+class Scorer(Protocol):
+    """Grades chunks of whole groups while generation goes on: a thread here, an actor under Ray."""
+
+    def submit(self, samples: list[Sample]) -> Any: ...
+
+    def result(self, job: Any) -> Scored: ...
+
+
+def score_chunk(samples: list[Sample], domains, cfg: Config, events: tuple[str, ...] = ()) -> Scored:
+    start = time.time()
+    score_samples(samples, domains, cfg)
+    return Scored([s.score for s in samples], [s.timings["reward_s"] for s in samples], start, time.time(), events)
+
+
+class LocalScorer:
+    """A thread of this process that scores chunks in the order they are submitted."""
+
+    def __init__(self, domains, cfg: Config):
+        self.domains, self.cfg = domains, cfg
+        self._jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="rollout-score", daemon=True)
+        self.thread.start()
+
+    def submit(self, samples: list[Sample]) -> Future:
+        job: Future = Future()
+        self._jobs.put((job, samples))
+        return job
+
+    def result(self, job: Future) -> Scored:
+        return job.result()
+
+    def _loop(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, samples = item
+            try:
+                job.set_result(score_chunk(samples, self.domains, self.cfg))
+            except BaseException as e:  # raised where the rollout is collected
+                job.set_exception(e)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self.thread.join(timeout=60)
+
+
+@dataclass
+class Pending:
+    """A generated order whose chunks may still be being scored; `result()` waits for them."""
+
+    step: int
+    samples: list[Sample]
+    start: float
+    end: float
+    """Generation's time.time() stamps."""
+    jobs: list[tuple[list[Sample], Any]]
+    """(chunk, the scorer's job for it), in submission order."""
+    scorer: Scorer
+
+    def done(self) -> bool:
+        """Every chunk scored (for a LocalScorer's futures)."""
+        return all(job.done() for _, job in self.jobs)
+
+    def result(self) -> Rollout:
+        scored = []
+        for chunk, job in self.jobs:
+            sc = self.scorer.result(job)
+            for s, score, reward_s in zip(chunk, sc.scores, sc.reward_s):  # a scorer elsewhere graded copies
+                s.score, s.timings["reward_s"] = score, reward_s
+            scored.append(sc)
+        return Rollout(
+            self.step, self.samples, self.end - self.start,
+            reward_s=sum(sc.end - sc.start for sc in scored),
+            overlap_s=sum(max(0.0, min(sc.end, self.end) - sc.start) for sc in scored),
+            tail_s=max([0.0] + [sc.end - self.end for sc in scored]),
+            chunks=len(scored), events=tuple(e for sc in scored for e in sc.events),
+        )
+
+
+def generate(policy: Policy, order: Order, cfg: Config, on_ready=None) -> list[Sample]:
     """Sample an order with `policy` (the same call, and the same generator, as the synchronous loop)."""
     t = cfg.train
     gen = GenParams(t.max_new_tokens, t.temperature, t.top_p)
     return policy.sample(order.tasks, t.samples_per_prompt, gen, step_generator(cfg.seed, order.step, 0),
-                         order.temperatures)
+                         order.temperatures, on_ready=on_ready)
 
 
-def timed_score(samples: list[Sample], domains, cfg: Config) -> float:
-    t0 = time.perf_counter()
-    score_samples(samples, domains, cfg)
-    return time.perf_counter() - t0
+def run_order(policy: Policy, order: Order, cfg: Config, scorer: Scorer) -> Pending:
+    """Generate an order, handing each set of whole groups to `scorer` the moment its last sample
+    finishes. Every engine runs its orders through this call, so in all of them grading overlaps
+    the rest of generation; the samples and their draws are those of a plain `generate`."""
+    jobs: list[tuple[list[Sample], Any]] = []
+    start = time.time()
+    samples = generate(policy, order, cfg, on_ready=lambda ready: jobs.append((ready, scorer.submit(ready))))
+    return Pending(order.step, samples, start, time.time(), jobs, scorer)
 
 
 class Pipeline:
@@ -125,8 +249,13 @@ class Pipeline:
         t0 = time.perf_counter()
         ready = len(self.done) + sum(self._ready(h) for h in self.in_flight.values())
         rollout = self.done.pop(step, None) or self._wait(self.in_flight.pop(step))
+        for event in rollout.events:
+            self.run.log(event)
         self._step_metrics = self._staleness(rollout.samples) | {
             "pipeline/wait_s": time.perf_counter() - t0, "pipeline/ready_batches": float(ready),
+            "pipeline/score_chunks": float(rollout.chunks),
+            # scoring that ran while the order was still generating, and what it added after
+            "time/reward_overlap_s": rollout.overlap_s, "time/reward_tail_s": rollout.tail_s,
         }
         return rollout
 
@@ -176,25 +305,31 @@ class Pipeline:
 
 class InlineEngine(Pipeline):
     """max_staleness 0 in this process: the order runs when it is taken, on the trainer's own model.
-    This is the synchronous loop; no copy of the model, no thread."""
+    This is the synchronous loop; no copy of the model. Finished groups are graded by a scoring
+    thread while the rest of the batch is generated (`run_order`)."""
+
+    def __init__(self, run: Run):
+        super().__init__(run)
+        self.scorer = LocalScorer(run.domains, run.cfg)
 
     def _start(self, order: Order) -> Order:
         return order
 
     def _wait(self, order: Order) -> Rollout:
-        t0 = time.perf_counter()
-        samples = generate(self.run.policy, order, self.cfg)
-        sample_s = time.perf_counter() - t0
-        return Rollout(order.step, samples, sample_s, timed_score(samples, self.run.domains, self.cfg))
+        return run_order(self.run.policy, order, self.cfg, self.scorer).result()
+
+    def close(self) -> None:
+        self.scorer.close()
 
 
 class ThreadedEngine(Pipeline):
     """Rollouts in two threads of this process, on a copy of the model: one samples orders in turn,
-    the other scores finished batches, so grading batch i overlaps sampling batch i+1 and both
-    overlap the trainer. torch releases the GIL inside its kernels, so the threads run in parallel;
-    with `split_cores` torch's intra-op threads are halved while the engine runs (restored by
-    close): two busy threads that each start a full OpenMP team would oversubscribe the cores.
-    At most max_staleness + 1 orders are ever outstanding: that is the queue's bound."""
+    the other scores groups as they finish (`run_order`), so grading overlaps the rest of the
+    batch, the next batches, and the trainer. torch releases the GIL inside its kernels, so the
+    threads run in parallel; with `split_cores` torch's intra-op threads are halved while the
+    engine runs (restored by close): two busy threads that each start a full OpenMP team would
+    oversubscribe the cores. At most max_staleness + 1 orders are ever outstanding: that is the
+    queue's bound."""
 
     def __init__(self, run: Run, split_cores: bool = True):
         super().__init__(run)
@@ -208,14 +343,13 @@ class ThreadedEngine(Pipeline):
         self._loaded: dict | None = None  # the published weights the rollout model holds now
         self._published: tuple[int, dict] | None = None
         self._orders: queue.Queue = queue.Queue()
-        self._generated: queue.Queue = queue.Queue()
-        self._results: dict[int, Rollout | BaseException] = {}
+        self._results: dict[int, Pending | BaseException] = {}
         self._epoch = 0  # bumped by _discard: results of older epochs are dropped
         self._cond = threading.Condition()
+        self.scorer = LocalScorer(run.domains, run.cfg)
         self._threads = [threading.Thread(target=self._generate_loop, name="rollout-generate", daemon=True),
-                         threading.Thread(target=self._score_loop, name="rollout-score", daemon=True)]
-        for t in self._threads:
-            t.start()
+                         self.scorer.thread]
+        self._threads[0].start()
 
     def _start(self, order: Order) -> int:
         order.weights = self._publish()
@@ -235,27 +369,16 @@ class ThreadedEngine(Pipeline):
         while (item := self._orders.get()) is not None:
             epoch, order = item
             try:
-                t0 = time.perf_counter()
                 if self._loaded is not order.weights:
                     self.rollout_policy.model.load_state_dict(order.weights)
                     self._loaded = order.weights
                 self.rollout_policy.version = order.version
-                samples = generate(self.rollout_policy, order, self.cfg)
-                self._generated.put((epoch, order.step, samples, time.perf_counter() - t0))
+                # delivered generated; its last groups may still be scoring while the next order samples
+                self._deliver(epoch, order.step, run_order(self.rollout_policy, order, self.cfg, self.scorer))
             except BaseException as e:  # handed to the trainer, which raises it at take()
                 self._deliver(epoch, order.step, e)
-        self._generated.put(None)
 
-    def _score_loop(self) -> None:
-        while (item := self._generated.get()) is not None:
-            epoch, step, samples, sample_s = item
-            try:
-                self._deliver(epoch, step, Rollout(step, samples, sample_s,
-                                                   timed_score(samples, self.run.domains, self.cfg)))
-            except BaseException as e:
-                self._deliver(epoch, step, e)
-
-    def _deliver(self, epoch: int, step: int, result: Rollout | BaseException) -> None:
+    def _deliver(self, epoch: int, step: int, result: Pending | BaseException) -> None:
         with self._cond:
             if epoch == self._epoch:
                 self._results[step] = result
@@ -265,13 +388,17 @@ class ThreadedEngine(Pipeline):
         with self._cond:
             self._cond.wait_for(lambda: step in self._results)
             result = self._results.pop(step)
-        if isinstance(result, BaseException):
-            raise RuntimeError(f"rollout of step {step} failed") from result
-        return result
+        try:
+            if isinstance(result, BaseException):
+                raise result
+            return result.result()
+        except BaseException as e:
+            raise RuntimeError(f"rollout of step {step} failed") from e
 
     def _ready(self, step: int) -> bool:
         with self._cond:
-            return step in self._results
+            result = self._results.get(step)
+        return isinstance(result, BaseException) or (result is not None and result.done())
 
     def _discard(self) -> None:
         with self._cond:
@@ -281,8 +408,8 @@ class ThreadedEngine(Pipeline):
 
     def close(self) -> None:
         self._orders.put(None)
-        for t in self._threads:
-            t.join(timeout=60)
+        self._threads[0].join(timeout=60)
+        self.scorer.close()
         torch.set_num_threads(self._torch_threads)
 
 

@@ -1,21 +1,25 @@
 """engine: ray. Rollout workers and the reward worker are Ray actors; the loop is unchanged.
 
-    trainer (driver)         RolloutWorker i (step % n)        RewardWorker
-    submit(q): put weights --> generate(order q, [weights ref]) --> score(step q, samples)
-    take(q): ray.get  <-------------------------------------------- Rollout(q)
+    trainer (driver)        RolloutWorker i (step % n)           RewardWorker
+    submit(q): put weights -> generate(order q, [weights ref]) -- groups as they finish -> score(chunk)
+                                 (run_order: goes on sampling)  <- scores ---------
+    take(q): ray.get  <------ Rollout(q), once every chunk is scored
 
 Orders and their timing are `postrl.engines.pipeline`'s: an order is submitted at the start of
 trainer step q - K with a reference to the weights of that moment, published once per policy
 version through Ray's object store (`ray.put` of the state dict, after each update, when the next
-order goes out). A worker fetches a version only when it differs from what it holds. The reward
-worker takes the generation's object ref as its argument, so Ray starts scoring batch q as soon
-as it is sampled, while the rollout worker goes on to batch q+1.
+order goes out). A worker fetches a version only when it differs from what it holds. The rollout
+worker runs the order through `run_order`, the same call as the local engines: each set of whole
+groups goes to the reward worker (`score.remote`) the moment its last sample finishes, and is
+graded there while the rollout worker samples the rest; the worker returns the Rollout once the
+last chunk is scored.
 
-Faults: when a result cannot be fetched because an actor died, the dead actors are replaced (up
-to `ray.max_restarts` times) and every order in flight is submitted again. An order's outcome
-is fixed by its tasks, its weights and its (seed, step) generator, so the re-run produces the
-samples the lost run would have: none is lost, and since results are taken once per step, none
-is duplicated. Each event is logged (and counted in the `engine/restarts` metric).
+Faults: when a result cannot be fetched because a rollout or reward actor died, the dead actors
+are replaced (up to `ray.max_restarts` times in all) and every order in flight is submitted
+again. An order's outcome is fixed by its tasks, its weights and its (seed, step) generator, so
+the re-run produces the samples the lost run would have: none is lost, and since results are
+taken once per step, none is duplicated. Each event is logged (and counted in the
+`engine/restarts` metric).
 """
 
 from __future__ import annotations
@@ -28,12 +32,27 @@ import ray
 import torch
 
 from postrl.config import Config
-from postrl.engines.pipeline import Order, Pipeline, Rollout, generate, timed_score
+from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, run_order, score_chunk
 from postrl.policy.policy import Policy
+from postrl.records import Sample
 
 if TYPE_CHECKING:
     from postrl.policy.update import UpdateStats
     from postrl.run import Run
+
+
+class RayScorer:
+    """`run_order`'s scorer on the reward actor: a chunk goes out as an actor call, its result is
+    fetched when the rollout is collected."""
+
+    def __init__(self, reward_worker):
+        self.reward_worker = reward_worker
+
+    def submit(self, samples: list[Sample]):
+        return self.reward_worker.score.remote(samples)
+
+    def result(self, ref) -> Scored:
+        return ray.get(ref)
 
 
 class RolloutWorker:
@@ -46,21 +65,17 @@ class RolloutWorker:
     def ping(self) -> bool:
         return True
 
-    def generate(self, order: Order, weights: list) -> tuple[list, float]:
-        import time
-
-        t0 = time.perf_counter()
+    def generate(self, order: Order, weights: list, reward_worker) -> Rollout:
         ref = weights[0]  # boxed in a list so Ray hands over the ref, fetched only when new
         if self.loaded != ref:
             self.policy.model.load_state_dict(ray.get(ref))
             self.loaded = ref
         self.policy.version = order.version
-        samples = generate(self.policy, order, self.cfg)
-        return samples, time.perf_counter() - t0
+        return run_order(self.policy, order, self.cfg, RayScorer(reward_worker)).result()
 
 
 class RewardWorker:
-    """The run's domains (verifiers, sandbox, reward models), scoring finished batches."""
+    """The run's domains (verifiers, sandbox, reward models), scoring chunks of groups."""
 
     def __init__(self, cfg: Config):
         from postrl.rewards.rm import register_rm_term
@@ -74,9 +89,8 @@ class RewardWorker:
     def ping(self) -> bool:
         return True
 
-    def score(self, step: int, generated: tuple[list, float]) -> Rollout:
-        samples, sample_s = generated
-        return Rollout(step, samples, sample_s, timed_score(samples, self.domains, self.cfg))
+    def score(self, samples: list[Sample]) -> Scored:
+        return score_chunk(samples, self.domains, self.cfg)
 
 
 @dataclass
@@ -121,8 +135,7 @@ class RayEngine(Pipeline):
     def _dispatch(self, flight: Flight) -> None:
         o = flight.order
         worker = self.workers[o.step % len(self.workers)]
-        generated = worker.generate.remote(replace(o, weights=None), [o.weights])
-        flight.ref = self.scorer.score.remote(o.step, generated)
+        flight.ref = worker.generate.remote(replace(o, weights=None), [o.weights], self.scorer)
 
     def _wait(self, flight: Flight) -> Rollout:
         while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -40,39 +41,70 @@ class Policy:
         params: GenParams,
         generator: torch.Generator | None = None,
         temperatures: list[float] | None = None,
+        on_ready: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
         """n completions per task, grouped: samples [i*n : (i+1)*n] belong to tasks[i] (group i).
 
         `temperatures` (one per sample) overrides params.temperature; samples that share a
-        temperature are generated together, in a fixed order, so the draws stay deterministic."""
+        temperature are generated together, in a fixed order, so the draws stay deterministic.
+        `on_ready(samples)` is called, while generation goes on, with each set of whole groups
+        whose last sample has just finished (in group order), so they can be graded meanwhile.
+        Their `timings["sample_s"]` is filled in when their generation chunk ends."""
         was_training = self.model.training
         self.model.eval()
         encoded = [self.encode_prompt(t.prompt) for t in tasks]
         flat = [(g, task, ids) for g, (task, ids) in enumerate(zip(tasks, encoded)) for _ in range(n)]
         temps = temperatures or [params.temperature] * len(flat)
         out: list[Sample | None] = [None] * len(flat)
+        groups = _GroupTracker(out, n, on_ready)
         for temp in sorted(set(temps)):
             idx = [i for i, t in enumerate(temps) if t == temp]
             for start in range(0, len(idx), self.max_batch):
                 chunk = idx[start : start + self.max_batch]
-                self._generate_into(out, chunk, flat, replace(params, temperature=temp), generator)
+                self._generate_into(out, chunk, flat, replace(params, temperature=temp), generator, groups)
         self.model.train(was_training)
         return out
 
-    def _generate_into(self, out, chunk: list[int], flat, params: GenParams, generator) -> None:
+    def _generate_into(self, out, chunk: list[int], flat, params: GenParams, generator, groups) -> None:
         t0 = time.perf_counter()
-        gens = generate(
+
+        def done(rows: list[int], gens: list) -> None:  # rows of this chunk that just finished
+            for r, gen in zip(rows, gens):
+                out[chunk[r]] = self._to_sample(flat[chunk[r]], gen, params)
+            groups.finished([chunk[r] for r in rows])
+
+        generate(
             self.model, [flat[i][2] for i in chunk], params, self.tok.eos_token_id, self.tok.pad_token_id,
-            generator=generator, decode=self.decode,
+            generator=generator, decode=self.decode, on_done=done,
         )
         share = (time.perf_counter() - t0) / len(chunk)
-        for i, gen in zip(chunk, gens):
-            g, task, ids = flat[i]
-            text = self.decode(gen.token_ids)
-            for stop in params.stop_strings:
-                text = text.split(stop, 1)[0]
-            out[i] = Sample(
-                task=task, group=g, prompt_ids=ids, completion_ids=gen.token_ids, logprobs=gen.logprobs,
-                text=text, finish_reason=gen.finish_reason, temperature=params.temperature,
-                policy_version=self.version, timings={"sample_s": share},
-            )
+        for i in chunk:
+            out[i].timings["sample_s"] = share
+
+    def _to_sample(self, item, gen, params: GenParams) -> Sample:
+        g, task, ids = item
+        text = self.decode(gen.token_ids)
+        for stop in params.stop_strings:
+            text = text.split(stop, 1)[0]
+        return Sample(
+            task=task, group=g, prompt_ids=ids, completion_ids=gen.token_ids, logprobs=gen.logprobs,
+            text=text, finish_reason=gen.finish_reason, temperature=params.temperature,
+            policy_version=self.version, timings={"sample_s": 0.0},  # the chunk's share, set when it ends
+        )
+
+
+class _GroupTracker:
+    """Counts each group's finished samples; hands whole groups to `on_ready` as they complete."""
+
+    def __init__(self, out: list, n: int, on_ready):
+        self.out, self.n, self.on_ready = out, n, on_ready
+        self.left = [n] * (len(out) // n)
+
+    def finished(self, flat_idx: list[int]) -> None:
+        complete = []
+        for i in flat_idx:
+            self.left[i // self.n] -= 1
+            if self.left[i // self.n] == 0:
+                complete.append(i // self.n)
+        if complete and self.on_ready is not None:
+            self.on_ready([self.out[g * self.n + j] for g in sorted(complete) for j in range(self.n)])

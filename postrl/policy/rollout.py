@@ -23,10 +23,14 @@ Where the time goes, and what is done about it (small models on CPU are overhead
     change any result, and a seeded generator reproduces the same completions.
   - Stop strings are checked on the decoded tail of each live row only (a window long enough
     to hold the longest stop string), not on the whole completion re-decoded every step.
+  - `on_done(rows, generations)` is told about rows as they finish, at the token step they end
+    (EOS, stop string) or at the last step, so a caller can grade them while the longer rows
+    are still being generated. It only reads finished rows: the draws are the same with or without it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -95,11 +99,13 @@ def generate(
     decode=None,
     *,
     compact_below: float = 0.75,
+    on_done: Callable[[list[int], list[Generation]], None] | None = None,
 ) -> list[Generation]:
     """Sample one completion per prompt. `decode(ids) -> str` is needed only for stop strings.
 
     `compact_below`: drop finished rows once live rows are at most this fraction of the batch
-    (0 keeps every row to the end; results are identical either way)."""
+    (0 keeps every row to the end; results are identical either way). `on_done(rows, gens)`:
+    called with the indices (into `prompts`) and generations of rows as they finish, each row once."""
     if not prompts:
         return []
     # a group's samples share their prompt: its prefill runs once and the cache rows are copied
@@ -111,22 +117,48 @@ def generate(
     logits = stepper.first()[inverse]
     stepper.keep(inverse)
     stop_hit = _StopCheck(params.stop_strings, decode) if params.stop_strings and decode is not None else None
-    tokens, logprobs, lengths, stopped = _sample_loop(logits, stepper, params, eos_id, generator, stop_hit,
-                                                      compact_below)
-    toks, lps, lens, stops = tokens.tolist(), logprobs.tolist(), lengths.tolist(), stopped.tolist()
-    return [Generation(toks[i][: lens[i]], lps[i][: lens[i]], "stop" if stops[i] else "length")
-            for i in range(len(prompts))]
+    out = _Rows(len(prompts), params.max_new_tokens, on_done)
+    _sample_loop(logits, stepper, params, eos_id, generator, stop_hit, compact_below, out)
+    return out.finish()
 
 
-def _sample_loop(logits, stepper, params: GenParams, eos_id: int, generator, stop_hit, compact_below: float):
-    """The per-token loop from the prompts' next-token logits [B, V].
+class _Rows:
+    """The sampled rows: tokens [B, N], logprobs [B, N], lengths [B], stopped [B]; tells `on_done`
+    about rows as they end."""
 
-    Returns tokens [B, N], logprobs [B, N], lengths [B], stopped [B]."""
+    def __init__(self, n: int, steps: int, on_done):
+        self.tokens = torch.zeros((n, steps), dtype=torch.long)
+        self.logprobs = torch.zeros((n, steps))
+        self.lengths = torch.full((n,), steps, dtype=torch.long)
+        self.stopped = torch.zeros(n, dtype=torch.bool)
+        self.on_done = on_done
+        self.gens: list[Generation | None] = [None] * n
+
+    def ended(self, idx: torch.Tensor) -> None:
+        """Rows `idx` (original indices) are final."""
+        if self.on_done is None or not len(idx):
+            return
+        rows = idx.tolist()
+        for i in rows:
+            k = int(self.lengths[i])
+            self.gens[i] = Generation(self.tokens[i, :k].tolist(), self.logprobs[i, :k].tolist(),
+                                      "stop" if self.stopped[i] else "length")
+        self.on_done(rows, [self.gens[i] for i in rows])
+
+    def finish(self) -> list[Generation]:
+        if self.on_done is not None:
+            self.ended(torch.tensor([i for i, g in enumerate(self.gens) if g is None], dtype=torch.long))
+            return self.gens
+        toks, lps, lens, stops = (x.tolist() for x in (self.tokens, self.logprobs, self.lengths, self.stopped))
+        return [Generation(toks[i][: lens[i]], lps[i][: lens[i]], "stop" if stops[i] else "length")
+                for i in range(len(toks))]
+
+
+def _sample_loop(logits, stepper, params: GenParams, eos_id: int, generator, stop_hit, compact_below: float,
+                 out: _Rows) -> None:
+    """The per-token loop from the prompts' next-token logits [B, V], writing into `out`."""
     n, steps = logits.shape[0], params.max_new_tokens
-    tokens = torch.zeros((n, steps), dtype=torch.long)
-    logprobs = torch.zeros((n, steps))
-    lengths = torch.full((n,), steps, dtype=torch.long)
-    stopped = torch.zeros(n, dtype=torch.bool)
+    tokens, logprobs, lengths, stopped = out.tokens, out.logprobs, out.lengths, out.stopped
     rows = torch.arange(n)  # original index of each row still in the batch
     live = torch.ones(n, dtype=torch.bool)  # rows of the current batch still generating
     for t in range(steps):
@@ -142,6 +174,7 @@ def _sample_loop(logits, stepper, params: GenParams, eos_id: int, generator, sto
             lengths[rows[end]] = t + 1
             stopped[rows[end]] = True
             live &= ~end
+            out.ended(rows[end])
         n_live = int(live.sum())
         if t == steps - 1 or n_live == 0:
             break
@@ -150,7 +183,6 @@ def _sample_loop(logits, stepper, params: GenParams, eos_id: int, generator, sto
             stepper.keep(keep)
             rows, tok, live = rows[keep], tok[keep], live[keep]
         logits = stepper.step(tok)  # finished rows still in the batch step on, and are ignored
-    return tokens, logprobs, lengths, stopped
 
 
 class _FastStepper:
