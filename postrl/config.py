@@ -213,7 +213,8 @@ class RayConfig:
     rollout_workers: int = 1
     """Rollout (sampling) actors; consecutive steps' batches go to them in turn."""
     max_restarts: int = 3
-    """Times a dead rollout or reward actor is replaced before the run gives up."""
+    """Times a dead rollout or reward actor is replaced before the run gives up; also the times Ray
+    restarts a dead sandbox actor."""
 
 
 @dataclass

@@ -1,8 +1,11 @@
 """engine: ray on a local 2-CPU Ray cluster (one per module: Ray takes seconds to start): a short
-run with finite metrics, and a rollout actor killed mid-run that costs no sample."""
+run with finite metrics, a rollout actor killed mid-run that costs no sample, and the code
+domain's sandbox pool as its own actor, killed mid-run at no cost either."""
 
 import json
 import math
+import threading
+import time
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ray>
 
 from postrl.config import load_config  # noqa: E402
 from postrl.engines import ray_engine  # noqa: E402
+from postrl.sandbox import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable  # noqa: E402
 from postrl.store import read_rows  # noqa: E402
 from postrl.train import train  # noqa: E402
 
@@ -73,3 +77,70 @@ def test_killed_rollout_actor_loses_no_sample(tiny_model_dir, tmp_path, monkeypa
     assert len(keys) == len(set(keys)) == 3 * 16  # none lost, none twice
     assert [(r.step, r.sample, r.task_id, r.token_ids, r.reward, r.policy_version) for r in got] == \
         [(r.step, r.sample, r.task_id, r.token_ids, r.reward, r.policy_version) for r in want]
+
+
+CODE = ["domains={code: {weight: 1.0, params: {workers: 1, max_workers: 2}}}"]
+
+
+def needs_sandbox():
+    try:
+        SandboxPool(SandboxConfig(workers=1)).close()
+    except SandboxUnavailable as e:
+        pytest.skip(str(e))
+
+
+def test_code_domain_runs_on_the_sandbox_actor(tiny_model_dir, tmp_path):
+    needs_sandbox()
+    logs = []
+    run_dir = run_train(tiny_model_dir, tmp_path / "run", "engine=ray", "train.total_steps=2", *CODE,
+                        log=logs.append)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1]
+    assert any("sandbox pool of domain code is an actor" in str(line) for line in logs)
+    for m in lines:
+        assert math.isfinite(m["reward/code"]) and m["pipeline/score_chunks"] >= 1
+        assert m["sandbox/code/workers"] >= 1 and m["engine/sandbox_requeues"] == 0
+    # every candidate ran on the actor: at least one run per sample per step (plus judge runs)
+    assert lines[-1]["sandbox/code/runs"] >= 2 * 16
+
+
+def test_killed_sandbox_actor_loses_no_sample(tiny_model_dir, tmp_path, monkeypatch):
+    """The actor dies while the reward worker's runs wait in its pool (held full by two long runs
+    sent from here); Ray restarts it, the reward worker sends those runs again, and the rollouts
+    equal the local engine's."""
+    needs_sandbox()
+    start, killed = ray_engine.RayEngine._start, []
+
+    def kill_when_busy(actor):
+        hold = [RunRequest("import time; time.sleep(30)", timeout_s=60)] * 2  # both workers (max_workers 2)
+        blocked = actor.run_many.remote(hold)
+        deadline = time.time() + 120
+        while ray.get(actor.info.remote())["in_flight"] < 2 and time.time() < deadline:
+            time.sleep(0.05)  # until a reward worker's call waits behind the held runs
+        killed.append(ray.get(actor.info.remote()))
+        ray.kill(actor, no_restart=False)  # Ray restarts it
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(blocked)
+
+    def start_then_kill(self, order):
+        flight = start(self, order)
+        if order.step == 2 and not killed:
+            threading.Thread(target=kill_when_busy, args=(self.sandbox_actors["code"],), daemon=True).start()
+        return flight
+
+    monkeypatch.setattr(ray_engine.RayEngine, "_start", start_then_kill)
+    logs = []
+    run_dir = run_train(tiny_model_dir, tmp_path / "ray", "engine=ray", "train.total_steps=3", *CODE,
+                        log=logs.append)
+    assert killed and killed[0]["in_flight"] >= 2
+    assert any("sandbox actor died" in line and "queued again" in line for line in map(str, logs))
+    last = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["engine/sandbox_requeues"] >= 1 and last["engine/restarts"] == 0
+
+    monkeypatch.undo()
+    local_dir = run_train(tiny_model_dir, tmp_path / "local", "engine=local", "train.total_steps=3", *CODE)
+    got, want = read_rows(run_dir), read_rows(local_dir)
+    keys = [(r.step, r.sample) for r in got]
+    assert len(keys) == len(set(keys)) == 3 * 16  # none lost, none twice
+    assert [(r.step, r.sample, r.task_id, r.token_ids, r.reward, r.verifier_status) for r in got] == \
+        [(r.step, r.sample, r.task_id, r.token_ids, r.reward, r.verifier_status) for r in want]

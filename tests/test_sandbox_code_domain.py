@@ -8,7 +8,7 @@ import random
 import pytest
 
 from postrl.errors import UserError
-from postrl.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.tasks import Response, make_domain
 from postrl.tasks.code import ALPHABET
 
@@ -64,6 +64,30 @@ def test_generated_scoring(gen):
     assert broken.reward == 0.0 and broken.components["compiles"] == 0.0
     slow = gen.score(tasks[:1], [Response("next(v for v in iter(int, 1) if v)", "stop")])[0]
     assert slow.components["penalty_timeout"] == 1.0 and slow.reward == pytest.approx(0.2 - 0.1)
+
+
+def test_scores_on_a_backend_it_is_given():
+    """engine: ray hands the domain the sandbox actor's backend: every run goes there, none to a
+    pool of the domain's own."""
+    d = make_domain("code", {"source": "generated", "workers": 1}, seed=0)
+    calls = []
+    with SandboxPool(SandboxConfig(workers=1)) as pool:
+
+        class Counting:
+            preloaded, n_workers = pool.preloaded, 1
+
+            def run_many(self, reqs):
+                calls.append(len(reqs))
+                return pool.run_many(reqs)
+
+        backend = Counting()
+        d.use_sandbox(backend)
+        task = d.sample(random.Random(3))
+        [score] = d.score([task], [Response(task.meta["canonical"] + "\n", "stop")])
+        assert score.correct and calls == [1, 1]  # the candidate's run, then the judge's
+        assert d.judge().backend is backend
+        d.close()  # not the domain's to stop
+        assert pool.run_many([RunRequest("print(1)")])[0].stdout.strip() == "1"
 
 
 def test_humaneval_source():

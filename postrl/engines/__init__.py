@@ -24,7 +24,7 @@ def local(run):
 
 @ENGINES.register("ray")
 def ray(run):
-    """Rollout and reward actors on a Ray cluster (local unless ray.address is set)."""
+    """Rollout, reward and sandbox actors on a Ray cluster (local unless ray.address is set)."""
     from postrl.engines.ray_engine import RayEngine
 
     return RayEngine(run)

@@ -1,9 +1,9 @@
-"""engine: ray. Rollout workers and the reward worker are Ray actors; the loop is unchanged.
+"""engine: ray. Rollout workers, the reward worker and the sandbox pool are Ray actors; the loop is unchanged.
 
-    trainer (driver)        RolloutWorker i (step % n)           RewardWorker
+    trainer (driver)        RolloutWorker i (step % n)           RewardWorker          SandboxActor
     submit(q): put weights -> generate(order q, [weights ref]) -- groups as they finish -> score(chunk)
-                                 (run_order: goes on sampling)  <- scores ---------
-    take(q): ray.get  <------ Rollout(q), once every chunk is scored
+                                 (run_order: goes on sampling)  <- scores ---------    code domain:
+    take(q): ray.get  <------ Rollout(q), once every chunk is scored                  run_many(reqs) <-> pool
 
 Orders and their timing are `postrl.engines.pipeline`'s: an order is submitted at the start of
 trainer step q - K with a reference to the weights of that moment, published once per policy
@@ -12,14 +12,18 @@ order goes out). A worker fetches a version only when it differs from what it ho
 worker runs the order through `run_order`, the same call as the local engines: each set of whole
 groups goes to the reward worker (`score.remote`) the moment its last sample finishes, and is
 graded there while the rollout worker samples the rest; the worker returns the Rollout once the
-last chunk is scored.
+last chunk is scored. The reward worker holds the run's domains; a code domain among them runs
+its programs on the sandbox actor (`postrl.engines.ray_sandbox`), which holds the elastic pool
+and is shared with the trainer's own domains (eval).
 
 Faults: when a result cannot be fetched because a rollout or reward actor died, the dead actors
 are replaced (up to `ray.max_restarts` times in all) and every order in flight is submitted
 again. An order's outcome is fixed by its tasks, its weights and its (seed, step) generator, so
 the re-run produces the samples the lost run would have: none is lost, and since results are
-taken once per step, none is duplicated. Each event is logged (and counted in the
-`engine/restarts` metric).
+taken once per step, none is duplicated. A dead sandbox actor is restarted by Ray and the runs it
+had in flight are sent again by their callers; orders are not re-run for it. Each event is
+logged; `engine/restarts` counts replaced rollout/reward actors, `engine/sandbox_requeues` the
+sandbox calls sent again.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 
 from postrl.config import Config
 from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, run_order, score_chunk
+from postrl.engines.ray_sandbox import RaySandbox, start_sandbox_actor
 from postrl.policy.policy import Policy
 from postrl.records import Sample
 
@@ -75,22 +80,26 @@ class RolloutWorker:
 
 
 class RewardWorker:
-    """The run's domains (verifiers, sandbox, reward models), scoring chunks of groups."""
+    """The run's domains (verifiers, reward models; the sandbox through its actor), scoring chunks."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, sandboxes: dict[str, RaySandbox]):
         from postrl.rewards.rm import register_rm_term
         from postrl.run import build_domains
 
         torch.set_num_threads(1)
         for term, model_dir in cfg.reward_models.items():
             register_rm_term(term, model_dir)
-        self.cfg, self.domains = cfg, build_domains(cfg)
+        self.cfg, self.domains, self.sandboxes = cfg, build_domains(cfg), sandboxes
+        for name, backend in sandboxes.items():
+            self.domains[name].use_sandbox(backend)
 
     def ping(self) -> bool:
         return True
 
     def score(self, samples: list[Sample]) -> Scored:
-        return score_chunk(samples, self.domains, self.cfg)
+        scored = score_chunk(samples, self.domains, self.cfg)
+        scored.events = tuple(e for b in self.sandboxes.values() for e in b.drain_events())
+        return scored
 
 
 @dataclass
@@ -113,10 +122,26 @@ class RayEngine(Pipeline):
             p.requires_grad_(False)
         self._model_ref = ray.put(model)  # one copy in the object store, shared by every (re)started worker
         self._actor = ray.remote(num_cpus=1)(RolloutWorker), ray.remote(num_cpus=0)(RewardWorker)
+        self.sandbox_actors, self.sandboxes = self._start_sandboxes()
         self.workers = [self._new_worker() for _ in range(r.rollout_workers)]
-        self.scorer = self._actor[1].remote(run.cfg)
-        self.restarts = 0
+        self.scorer = self._actor[1].remote(run.cfg, self.sandboxes)
+        self.restarts = self.sandbox_requeues = 0
         self._published: tuple[int, Any] | None = None
+        self._sizes_seen: dict[str, tuple[int, int]] = {}  # domain -> (actor pid, sizes logged)
+
+    def _start_sandboxes(self) -> tuple[dict, dict[str, RaySandbox]]:
+        """One sandbox actor per domain that runs code; the trainer's domains (eval) use it too."""
+        actors, backends = {}, {}
+        for name, domain in self.run.domains.items():
+            sandbox_cfg = getattr(domain, "sandbox_config", lambda: None)()
+            if sandbox_cfg is None:
+                continue
+            actors[name], info = start_sandbox_actor(sandbox_cfg, self.cfg.ray.max_restarts)
+            backends[name] = RaySandbox(actors[name], info, self.cfg.ray.max_restarts)
+            domain.use_sandbox(backends[name])
+            self.run.log(f"ray engine: sandbox pool of domain {name} is an actor ({info['n_workers']} workers, "
+                         f"isolation {info['isolation']})")
+        return actors, backends
 
     def _new_worker(self):
         return self._actor[0].remote(self._model_ref, self.run.policy.tok, self.cfg)
@@ -140,10 +165,13 @@ class RayEngine(Pipeline):
     def _wait(self, flight: Flight) -> Rollout:
         while True:
             try:
-                return ray.get(flight.ref)
+                rollout = ray.get(flight.ref)
             except ray.exceptions.RayError as e:
                 if not self._recover(e, flight):
                     raise
+                continue
+            self.sandbox_requeues += sum("queued again" in e for e in rollout.events)
+            return rollout
 
     def _ready(self, flight: Flight) -> bool:
         return bool(ray.wait([flight.ref], timeout=0)[0])
@@ -161,7 +189,7 @@ class RayEngine(Pipeline):
         for i in dead:
             self.workers[i] = self._new_worker()
         if scorer_dead:
-            self.scorer = self._actor[1].remote(self.cfg)
+            self.scorer = self._actor[1].remote(self.cfg, self.sandboxes)
         flights = [current, *(f for f in self.in_flight.values() if f is not current)]
         again = sorted(f.order.step for f in flights)
         self.run.log(f"ray engine: {'rollout worker(s) ' + str(dead) if dead else ''}"
@@ -172,13 +200,34 @@ class RayEngine(Pipeline):
         return True
 
     def metrics(self, stats: UpdateStats) -> dict[str, float]:
-        return super().metrics(stats) | {"engine/restarts": float(self.restarts)}
+        m = {"engine/restarts": float(self.restarts)}
+        if self.sandboxes:
+            for event in (e for b in self.sandboxes.values() for e in b.drain_events()):  # the trainer's own calls
+                self.run.log(event)
+                self.sandbox_requeues += 1
+            m["engine/sandbox_requeues"] = float(self.sandbox_requeues)
+            m |= self._sandbox_metrics()
+        return super().metrics(stats) | m
+
+    def _sandbox_metrics(self) -> dict[str, float]:
+        """Pool size and runs (since the actor last started) per sandbox actor; every resize since
+        the last step is logged."""
+        m = {}
+        for name, actor in self.sandbox_actors.items():
+            info = ray.get(actor.info.remote())
+            pid, seen = self._sizes_seen.get(name, (info["pid"], 1))  # the first size was logged at start
+            for _, n in info["sizes"][seen if pid == info["pid"] else 0:]:
+                self.run.log(f"ray engine: sandbox pool of domain {name} resized to {n} workers")
+            self._sizes_seen[name] = (info["pid"], len(info["sizes"]))
+            m[f"sandbox/{name}/workers"] = float(info["n_workers"])
+            m[f"sandbox/{name}/runs"] = float(info["runs"])
+        return m
 
     def _discard(self) -> None:
         self._published = None
 
     def close(self) -> None:
-        for actor in [*self.workers, self.scorer]:
+        for actor in [*self.workers, self.scorer, *self.sandbox_actors.values()]:
             ray.kill(actor)
         if self._owns_ray:
             ray.shutdown()

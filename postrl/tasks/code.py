@@ -22,7 +22,8 @@ with components {compiles, tests, tests_frac, penalty_timeout, penalty_memory, p
 Per-assertion results are in `Score.detail` ("tests=1101").
 
 The sandbox pool starts on the first `score` call; `close()` stops it (it also dies with the
-process).
+process). Under `engine: ray` the engine starts the pool as its own actor instead and hands the
+domain a backend that reaches it (`use_sandbox`); see `postrl.engines.ray_sandbox`.
 """
 
 from __future__ import annotations
@@ -222,12 +223,26 @@ class Code:
                 self._backend = self._make_backend()
         return CodeJudge(self._backend, JudgeLimits(timeout_s=self.params.timeout_s, memory_mb=self.params.memory_mb))
 
-    def _make_backend(self):
+    def sandbox_config(self) -> SandboxConfig | None:
+        """The local pool this domain runs on; None when it uses a sandbox server (`sandbox_url`)."""
         p = self.params
         if p.sandbox_url:
+            return None
+        return SandboxConfig(workers=p.workers, memory_mb=p.memory_mb, allow_unisolated=p.allow_unisolated,
+                             max_workers=p.max_workers, idle_shrink_s=p.idle_shrink_s)
+
+    def use_sandbox(self, backend) -> None:
+        """Run on `backend` (anything with `run_many`, e.g. the Ray engine's sandbox actor) instead
+        of a pool of this process's own."""
+        self.close()
+        with self._lock:
+            self._backend = backend
+
+    def _make_backend(self):
+        p = self.params
+        cfg = self.sandbox_config()
+        if cfg is None:
             return RemoteSandbox(p.sandbox_url, concurrency=max(1, p.workers or (os.cpu_count() or 1)))
-        cfg = SandboxConfig(workers=p.workers, memory_mb=p.memory_mb, allow_unisolated=p.allow_unisolated,
-                            max_workers=p.max_workers, idle_shrink_s=p.idle_shrink_s)
         try:
             return SandboxPool(cfg)
         except SandboxUnavailable as e:
