@@ -131,10 +131,10 @@ class Scorer(Protocol):
     def result(self, job: Any) -> Scored: ...
 
 
-def score_chunk(samples: list[Sample], domains, cfg: Config, events: tuple[str, ...] = ()) -> Scored:
+def score_chunk(samples: list[Sample], domains, cfg: Config) -> Scored:
     start = time.time()
     score_samples(samples, domains, cfg)
-    return Scored([s.score for s in samples], [s.timings["reward_s"] for s in samples], start, time.time(), events)
+    return Scored([s.score for s in samples], [s.timings["reward_s"] for s in samples], start, time.time())
 
 
 class LocalScorer:
