@@ -136,7 +136,7 @@ class RayEngine(Pipeline):
             sandbox_cfg = getattr(domain, "sandbox_config", lambda: None)()
             if sandbox_cfg is None:
                 continue
-            actors[name], info = start_sandbox_actor(sandbox_cfg, self.cfg.ray.max_restarts)
+            actors[name], info = start_sandbox_actor(sandbox_cfg, self.cfg.ray.max_restarts, name)
             backends[name] = RaySandbox(actors[name], info, self.cfg.ray.max_restarts)
             domain.use_sandbox(backends[name])
             self.run.log(f"ray engine: sandbox pool of domain {name} is an actor ({info['n_workers']} workers, "

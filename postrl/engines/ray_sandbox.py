@@ -24,6 +24,7 @@ import time
 
 import ray
 
+from postrl.errors import UserError
 from postrl.sandbox import RunRequest, RunResult, SandboxConfig, SandboxPool
 
 
@@ -54,10 +55,14 @@ class SandboxActor:
         return results
 
 
-def start_sandbox_actor(cfg: SandboxConfig, max_restarts: int):
+def start_sandbox_actor(cfg: SandboxConfig, max_restarts: int, domain: str):
     """The actor (restarted by Ray when it dies) and a first `info()` of it (it has started)."""
     actor = ray.remote(num_cpus=0, max_restarts=max_restarts, max_concurrency=16)(SandboxActor).remote(cfg)
-    return actor, ray.get(actor.info.remote())
+    try:
+        return actor, ray.get(actor.info.remote())
+    except ray.exceptions.RayActorError as e:  # its pool could not start (no isolation, ...): say why
+        reason = [line for line in str(e).splitlines() if line.strip()][-1]
+        raise UserError(f"domain {domain}: the sandbox actor could not start: {reason}") from None
 
 
 class RaySandbox:
