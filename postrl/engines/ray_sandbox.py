@@ -77,16 +77,17 @@ class RaySandbox:
     def run_many(self, reqs: list[RunRequest]) -> list[RunResult]:
         if not reqs:
             return []
-        for attempt in range(self.max_restarts + 1):
+        attempt = 0
+        while True:
             try:
                 return ray.get(self.actor.run_many.remote(reqs))
-            except ray.exceptions.RayActorError as e:
+            except ray.exceptions.RayActorError as e:  # Ray restarts the actor; the calls sent meanwhile wait
                 if attempt == self.max_restarts:
                     raise
+                attempt += 1
                 self.events.append(f"sandbox actor died ({type(e).__name__}) with {len(reqs)} runs of this caller "
                                    f"in flight (pid {os.getpid()}); runs queued again on the restarted actor")
-                time.sleep(0.1 * (attempt + 1))
-        raise AssertionError("unreachable")
+                time.sleep(0.1 * attempt)
 
     def drain_events(self) -> list[str]:
         out, self.events = self.events, []
