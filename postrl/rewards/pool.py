@@ -10,9 +10,8 @@ evaluating `9^{9^{9^9}}` as a Python int) cannot be interrupted from Python at a
 call runs in a worker (`postrl.rewards.worker`), so the pool is safe to call from any thread,
 thread pool or actor. Each call gets `timeout_s` from the moment its worker starts on it (time
 spent queueing, for a worker or behind the jobs sent ahead of it, does not count): the worker
-interrupts itself at 80% of it, and
-if it has not answered at 100% it is SIGKILLed and replaced. The result then says `timeout`;
-a crash says `error`. Neither is ever reported as a verdict.
+interrupts itself at 80% of it, and if it has not answered at 100% it is SIGKILLed and replaced.
+The result then says `timeout`; a crash says `error`. Neither is ever reported as a verdict.
 
 Workers start lazily on first use and are killed by `close()`, when the pool is garbage
 collected, or when the interpreter exits.
