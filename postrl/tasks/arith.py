@@ -17,7 +17,15 @@ import re
 from dataclasses import dataclass, field
 
 from postrl.rewards.base import Score
-from postrl.tasks.base import Response, Task, is_heldout, parse_params, register_domain
+from postrl.tasks.base import (
+    Response,
+    Task,
+    heldout_by_level,
+    is_heldout,
+    parse_params,
+    register_domain,
+    strict_score,
+)
 
 
 @dataclass(frozen=True)
@@ -135,8 +143,7 @@ def extract_answer(text: str) -> int | None:
 def score_answer(gold: str, response: Response) -> Score:
     """Strict: reward 1 only for the right integer, nothing else, terminated by EOS (not truncated)."""
     value = extract_answer(response.text)
-    correct = response.finish_reason == "stop" and value is not None and value == int(gold)
-    return Score(reward=float(correct), correct=correct, components={"correct": float(correct)})
+    return strict_score(response, value is not None and value == int(gold))
 
 
 @register_domain("arith")
@@ -169,20 +176,13 @@ class Arith:
 
     def heldout(self, n: int) -> list[Task]:
         """The first n held-out problems, spread evenly over the levels; fixed for given levels."""
-        per_level = [n // len(self.levels) + (i < n % len(self.levels)) for i in range(len(self.levels))]
-        tasks: list[Task] = []
-        for level, count in zip(self.levels, per_level):
-            rng = random.Random(f"arith-heldout-{level}")
-            seen: set[str] = set()
-            for _ in range(200 * count):  # level 1 has only ~10 held-out problems; stop trying
-                if len(seen) == count:
-                    break
-                nums, ops = generate(rng, level)
-                prompt = render(nums, ops)
-                if prompt not in seen and is_heldout(prompt, self.params.heldout_percent) and self.accepts(nums, ops):
-                    seen.add(prompt)
-                    tasks.append(self.make_task(nums, ops, level))
-        return tasks
+
+        def draw(rng: random.Random, level: int):
+            nums, ops = generate(rng, level)
+            return render(nums, ops), lambda: (self.make_task(nums, ops, level) if self.accepts(nums, ops) else None)
+
+        # level 1 has only ~10 held-out problems: 200 draws per problem wanted, then stop trying
+        return heldout_by_level(self.name, self.levels, n, self.params.heldout_percent, draw, tries=200)
 
     def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]:
         return [score_answer(t.answer, r) for t, r in zip(tasks, responses)]

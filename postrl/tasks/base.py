@@ -98,6 +98,43 @@ def is_heldout(text: str, percent: int) -> bool:
     return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) % 100 < percent
 
 
+def heldout_by_level(
+    domain: str,
+    levels: list[int],
+    n: int,
+    percent: int,
+    draw: Callable[[random.Random, int], tuple[str, Callable[[], Task | None]]],
+    tries: int,
+) -> list[Task]:
+    """The first n held-out problems of a generated domain, spread evenly over `levels`; fixed for
+    given levels. Each level draws from its own generator, seeded by (domain, level), until it has
+    its share of distinct held-out problems or has made `tries` draws per problem wanted (a small
+    level may have fewer). `draw(rng, level)` returns a problem's text (the held-out rule's key)
+    and a function making its Task, or None when the domain does not accept the problem."""
+    per_level = [n // len(levels) + (i < n % len(levels)) for i in range(len(levels))]
+    tasks: list[Task] = []
+    for level, count in zip(levels, per_level):
+        rng, seen = random.Random(f"{domain}-heldout-{level}"), set()
+        for _ in range(tries * count):
+            if len(seen) == count:
+                break
+            text, make = draw(rng, level)
+            if text in seen or not is_heldout(text, percent):
+                continue
+            task = make()
+            if task is not None:
+                seen.add(text)
+                tasks.append(task)
+    return tasks
+
+
+def strict_score(response: Response, right: bool) -> Score:
+    """Reward 1 only for a right answer that ended with EOS (a truncated one is wrong), with the
+    verdict as the component `correct`."""
+    correct = response.finish_reason == "stop" and right
+    return Score(reward=float(correct), correct=correct, components={"correct": float(correct)})
+
+
 def parse_params(cls: type, params: dict[str, Any], domain: str) -> Any:
     """Validate a domain's `params` mapping into its own dataclass, with config-style errors."""
     from postrl.config import from_dict  # config is a leaf module; imported here to keep this one light

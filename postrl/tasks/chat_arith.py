@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 
 from postrl.errors import UserError
 from postrl.rewards.base import Score
-from postrl.tasks.base import Response, Task, is_heldout, parse_params, register_domain
+from postrl.tasks.base import (
+    Response,
+    Task,
+    heldout_by_level,
+    is_heldout,
+    parse_params,
+    register_domain,
+    strict_score,
+)
 
 LEVELS: dict[int, tuple[list[int], str]] = {
     1: ([1, 1], "+"), 2: ([2, 2], "+"), 3: ([2, 2], "+-"), 4: ([3, 3], "+"), 5: ([2, 2, 2], "+-"), 6: ([2, 1], "*"),
@@ -69,8 +77,7 @@ def last_integer(text: str) -> int | None:
 
 def score_reply(gold: str, response: Response) -> Score:
     value = last_integer(response.text)
-    correct = response.finish_reason == "stop" and value is not None and value == int(gold)
-    return Score(reward=float(correct), correct=correct, components={"correct": float(correct)})
+    return strict_score(response, value is not None and value == int(gold))
 
 
 @register_domain("chat_arith")
@@ -99,18 +106,13 @@ class ChatArith:
 
     def heldout(self, n: int) -> list[Task]:
         """The first n held-out problems, spread evenly over the levels; fixed for given levels."""
-        per_level = [n // len(self.levels) + (i < n % len(self.levels)) for i in range(len(self.levels))]
-        tasks: list[Task] = []
-        for level, count in zip(self.levels, per_level):
-            rng, seen = random.Random(f"chat_arith-heldout-{level}"), set()
-            for _ in range(500 * count):  # level 1 has only ~10 held-out problems; stop trying
-                if len(seen) == count:
-                    break
-                expr, value = make_problem(rng, level)
-                if expr not in seen and is_heldout(expr, self.params.heldout_percent):
-                    seen.add(expr)
-                    tasks.append(self._task(expr, value, level))
-        return tasks
+
+        def draw(rng: random.Random, level: int):
+            expr, value = make_problem(rng, level)
+            return expr, lambda: self._task(expr, value, level)
+
+        # level 1 has only ~10 held-out problems: 500 draws per problem wanted, then stop trying
+        return heldout_by_level(self.name, self.levels, n, self.params.heldout_percent, draw, tries=500)
 
     def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]:
         return [score_reply(t.answer, r) for t, r in zip(tasks, responses)]

@@ -41,7 +41,7 @@ from postrl.rewards.base import Score
 from postrl.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.sandbox.client import RemoteSandbox
 from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
-from postrl.tasks.base import Response, Task, is_heldout, parse_params, register_domain
+from postrl.tasks.base import Response, Task, heldout_by_level, is_heldout, parse_params, register_domain
 
 SOURCES = ("humaneval", "generated")
 HUMANEVAL_STOPS = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert "]
@@ -180,19 +180,12 @@ class Code:
         """The first n held-out problems (fixed; spread over the levels for generated)."""
         if self.params.source == "humaneval":
             return self._heldout[:n]
-        per_level = [n // len(self.levels) + (i < n % len(self.levels)) for i in range(len(self.levels))]
-        tasks: list[Task] = []
-        for level, count in zip(self.levels, per_level):
-            rng = random.Random(f"code-heldout-{level}")
-            seen: set[str] = set()
-            for _ in range(500 * count):
-                if len(seen) == count:
-                    break
-                prompt, test, canonical = generated_problem(rng, level)
-                if prompt not in seen and is_heldout(prompt, self.params.heldout_percent):
-                    seen.add(prompt)
-                    tasks.append(self._generated_task(prompt, test, canonical, level))
-        return tasks
+
+        def draw(rng: random.Random, level: int):
+            prompt, test, canonical = generated_problem(rng, level)
+            return prompt, lambda: self._generated_task(prompt, test, canonical, level)
+
+        return heldout_by_level(self.name, self.levels, n, self.params.heldout_percent, draw, tries=500)
 
     def completion(self, task: Task, text: str) -> str:
         """The part of a response that is the solution."""

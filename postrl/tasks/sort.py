@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 
 from postrl.errors import UserError
 from postrl.rewards.base import Score
-from postrl.tasks.base import Response, Task, is_heldout, parse_params, register_domain
+from postrl.tasks.base import (
+    Response,
+    Task,
+    heldout_by_level,
+    is_heldout,
+    parse_params,
+    register_domain,
+    strict_score,
+)
 
 LEVELS = {1: 3, 2: 4, 3: 5, 4: 6}
 """Level -> number of digits to sort."""
@@ -53,8 +61,7 @@ def systematic_mistake(digits: str) -> str:
 
 def score_answer(gold: str, response: Response) -> Score:
     """Strict: reward 1 only for exactly the sorted digits, terminated by EOS (not truncated)."""
-    correct = response.finish_reason == "stop" and response.text.strip() == gold
-    return Score(reward=float(correct), correct=correct, components={"correct": float(correct)})
+    return strict_score(response, response.text.strip() == gold)
 
 
 @register_domain("sort")
@@ -81,19 +88,12 @@ class Sort:
 
     def heldout(self, n: int) -> list[Task]:
         """The first n held-out problems, spread evenly over the levels; fixed for given levels."""
-        per_level = [n // len(self.levels) + (i < n % len(self.levels)) for i in range(len(self.levels))]
-        tasks: list[Task] = []
-        for level, count in zip(self.levels, per_level):
-            rng = random.Random(f"sort-heldout-{level}")
-            seen: set[str] = set()
-            for _ in range(200 * count):
-                if len(seen) == count:
-                    break
-                digits = generate(rng, level)
-                if render(digits) not in seen and is_heldout(render(digits), self.params.heldout_percent):
-                    seen.add(render(digits))
-                    tasks.append(self.make_task(digits, level))
-        return tasks
+
+        def draw(rng: random.Random, level: int):
+            digits = generate(rng, level)
+            return render(digits), lambda: self.make_task(digits, level)
+
+        return heldout_by_level(self.name, self.levels, n, self.params.heldout_percent, draw, tries=200)
 
     def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]:
         return [score_answer(t.answer, r) for t, r in zip(tasks, responses)]
