@@ -85,11 +85,6 @@ class _Worker:
             raise RuntimeError(f"verifier worker failed to start: {detail}")
         self.ready, self.isolation = True, msg["isolation"]
 
-    def request(self, job: Any, timeout_s: float) -> dict | None:
-        """The worker's answer, or None when the deadline passed (the worker is then useless)."""
-        self.send([job])
-        return self.answer(timeout_s)
-
     def send(self, jobs: list[Any]) -> None:
         """Queue jobs on the worker's stdin; it answers them in order, one line each. Sending a
         few at once keeps the worker busy: it never waits a round trip for its next job."""
@@ -243,6 +238,7 @@ class WorkerPool:
         """Outcomes of a prefix of `jobs` (all of them unless one failed the worker), and the worker
         to go on with (a fresh one after a kill)."""
         done: list[Outcome] = []
+        t0 = time.monotonic()
         try:
             worker.send(jobs)
             for _ in jobs:
@@ -254,20 +250,15 @@ class WorkerPool:
                     return done, self._replace(worker)
                 done.append(Outcome(msg["status"], msg["value"], msg["detail"], time.monotonic() - t0))
         except _WorkerDied as e:
-            done.append(Outcome("error", None, str(e), 0.0))
+            done.append(Outcome("error", None, str(e), time.monotonic() - t0))
             return done, self._replace(worker)
         return done, worker
 
     def call(self, job: Any) -> Outcome:
-        worker = self._acquire()
-        try:
-            outcome, worker = self._call_on(worker, job)
-        finally:
-            self._idle.put(worker)
-        with self._lock:
-            self.stats["calls"] += 1
-            self.stats[outcome.status] += 1
-        return outcome
+        """Run one job on the next free worker, in this thread."""
+        outcomes: list[Outcome | None] = [None]
+        self._drive([job], _Cursor(1, 1), outcomes)
+        return outcomes[0]  # type: ignore[return-value]  (filled by the driver)
 
     def close(self) -> None:
         with self._lock:
@@ -282,18 +273,6 @@ class WorkerPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def _call_on(self, worker: _Worker, job: Any) -> tuple[Outcome, _Worker]:
-        t0 = time.monotonic()
-        try:
-            msg = worker.request(job, self.timeout_s)
-        except _WorkerDied as e:
-            return Outcome("error", None, str(e), time.monotonic() - t0), self._replace(worker)
-        seconds = time.monotonic() - t0
-        if msg is None:
-            detail = f"killed at the {self.timeout_s:g}s deadline"
-            return Outcome("timeout", None, detail, seconds), self._replace(worker)
-        return Outcome(msg["status"], msg["value"], msg["detail"], seconds), worker
 
     def _replace(self, worker: _Worker) -> _Worker:
         worker.kill()
