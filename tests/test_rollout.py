@@ -49,18 +49,25 @@ def test_behaviour_logprobs_equal_a_full_forward(tiny, temperature):
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5)
 
 
+def right_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and attention_mask of token rows, right-padded to the longest."""
+    ids = torch.full((len(rows), max(map(len, rows))), pad)
+    attn = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], attn[i, : len(row)] = torch.tensor(row), 1
+    return ids, attn
+
+
 def test_learner_logprobs_equal_behaviour_logprobs(tiny):
     """The update's recomputation (right-padded rows, loss positions only) gives ratio 1."""
     model, tok, prompts = tiny
     gens = sample(tiny, GenParams(8))
     rows = [p + g.token_ids for p, g in zip(prompts, gens)]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tok.pad_token_id)
-    attn = torch.zeros_like(ids)
+    ids, attn = right_padded(rows, tok.pad_token_id)
+    width = ids.shape[1]
     needed = torch.zeros((len(rows), width - 1), dtype=torch.bool)
     old = torch.zeros((len(rows), width - 1))
     for i, (p, g, row) in enumerate(zip(prompts, gens, rows)):
-        ids[i, : len(row)], attn[i, : len(row)] = torch.tensor(row), 1
         needed[i, len(p) - 1 : len(row) - 1] = True
         old[i, len(p) - 1 : len(row) - 1] = torch.tensor(g.logprobs)
     with torch.no_grad():
@@ -180,20 +187,15 @@ def test_shared_prefix_gradients_equal_per_row_gradients(tiny):
     """A group's rows share their prompt's states; the gradient must still be the per-row sum."""
     model, tok, prompts = tiny
     gens = sample(tiny, GenParams(6))
-    rows = [p + g.token_ids for p, g in zip(prompts, gens)]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tok.pad_token_id)
-    attn = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)], attn[i, : len(row)] = torch.tensor(row), 1
-    weights = torch.randn(len(rows), width - 1, generator=torch.Generator().manual_seed(0)) * attn[:, 1:]
+    ids, attn = right_padded([p + g.token_ids for p, g in zip(prompts, gens)], tok.pad_token_id)
+    weights = torch.randn(ids.shape[0], ids.shape[1] - 1, generator=torch.Generator().manual_seed(0)) * attn[:, 1:]
 
     def grads(logp):
         model.zero_grad()
         (logp * weights).sum().backward()
         return [p.grad.clone() for p in model.parameters()]
 
-    ours = grads(token_logprobs(model, ids, attn, torch.ones(len(rows)))[0])
+    ours = grads(token_logprobs(model, ids, attn, torch.ones(ids.shape[0]))[0])
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1]
     ref = grads(torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1))
