@@ -32,9 +32,9 @@ from postrl.policy.model import load_model, resolve_model_path
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.policy.update import Learner
+from postrl.records import Response
 from postrl.run import build_domains, step_generator
 from postrl.steps import assign_advantages, score_samples
-from postrl.tasks.base import Response
 
 
 def run_postrl(path, cfg, tasks, budget_s: float) -> tuple[list[float], int, Policy]:

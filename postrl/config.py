@@ -19,12 +19,8 @@ from typing import Any
 
 import yaml
 
-from postrl.errors import UserError
+from postrl.errors import ConfigError
 from postrl.monitor.settings import MonitorConfig  # import-free settings module, owned by monitor/
-
-
-class ConfigError(UserError):
-    """A config problem a user can fix; the CLI prints it as one line and exits 2."""
 
 
 @dataclass

@@ -1,18 +1,62 @@
-"""Typed records passed between the stages of the loop.
+"""Typed records passed between the stages of the loop. A leaf: imports nothing from postrl.
 
-    Task  --policy.sample-->  Sample (one completion)  --reward-->  Sample.score
+    Task  --policy.sample-->  Sample (one completion, with its Response)  --reward-->  Sample.score
     Group = the samples of one prompt; advantages are relative within a group.
     Batch = the tensors the update consumes, built from a step's samples.
+
+A `Score` separates "wrong" (correct=False, status "ok") from "could not verify" (correct=None,
+status "timeout" or "error"): the trainer never turns the latter into a silent zero without it
+being counted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from postrl.rewards.base import Score
-from postrl.tasks.base import Response, Task
+
+@dataclass(frozen=True)
+class Task:
+    domain: str
+    """Registry name of the domain that made it."""
+    task_id: str
+    """Stable id: the same problem always has the same id."""
+    prompt: str
+    """Text given to the model (before any chat template)."""
+    answer: str
+    """Gold answer as text (for code: the entry point; tests live in `meta`)."""
+    level: int = 0
+    """Difficulty level within the domain."""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """Domain-specific data the grader needs (tests, reasoning-gym entry, ...)."""
+
+
+@dataclass(frozen=True)
+class Response:
+    text: str
+    """Decoded completion without the EOS token."""
+    finish_reason: str
+    """'stop' (EOS or a stop string) or 'length' (hit max_new_tokens)."""
+
+
+
+STATUSES = ("ok", "timeout", "error")
+
+
+@dataclass
+class Score:
+    reward: float
+    """Scalar reward used for the advantage."""
+    correct: bool | None
+    """Verifier verdict; None when the verifier could not decide."""
+    status: str = "ok"
+    """ok | timeout | error: whether the verifier itself ran to completion."""
+    components: dict[str, float] = field(default_factory=dict)
+    """Named reward terms that make up `reward` (logged separately)."""
+    detail: str = ""
+    """Short human-readable note (e.g. an error message), for spot checks."""
 
 
 @dataclass

@@ -16,10 +16,10 @@ from postrl.evaluate import evaluate
 from postrl.monitor.alerts import Alert
 from postrl.policy.rollout import GenParams
 from postrl.policy.update import UpdateStats
-from postrl.records import Batch, Sample
+from postrl.records import Batch, Sample, Task
 from postrl.rewards.composite import apply_terms
 from postrl.run import step_generator
-from postrl.tasks.base import Domain, Task
+from postrl.tasks.base import Domain
 
 if TYPE_CHECKING:
     from postrl.run import Run

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from postrl.records import Sample
-from postrl.rewards.base import Score
-from postrl.tasks.base import Task
+from postrl.records import Sample, Score, Task
 
 
 def build_sample(

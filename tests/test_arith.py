@@ -5,7 +5,8 @@ import random
 import pytest
 
 from postrl.errors import UserError
-from postrl.tasks import Response, make_domain
+from postrl.records import Response
+from postrl.tasks import make_domain
 from postrl.tasks.arith import extract_answer, score_answer, solve, systematic_mistake
 
 

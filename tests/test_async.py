@@ -94,7 +94,7 @@ def test_learner_computes_proximal_logprobs_only_for_stale_rows(tiny_model_dir):
     from postrl.policy.model import load_model
     from postrl.policy.policy import Policy
     from postrl.policy.rollout import GenParams
-    from postrl.tasks.base import Task
+    from postrl.records import Task
 
     cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}"])
     model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
@@ -260,7 +260,7 @@ def test_whole_groups_are_handed_over_once_each(tiny_model_dir):
     from postrl.policy.model import load_model
     from postrl.policy.policy import Policy
     from postrl.policy.rollout import GenParams
-    from postrl.tasks.base import Task
+    from postrl.records import Task
 
     model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
     policy = Policy(model, tok)

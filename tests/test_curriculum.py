@@ -20,10 +20,8 @@ from postrl.curriculum.schedule import (
     expected_learnability,
     make_schedule,
 )
-from postrl.records import Sample
-from postrl.rewards.base import Score
+from postrl.records import Sample, Score, Task
 from postrl.steps import seesaw_alerts
-from postrl.tasks.base import Task
 
 DOMAINS = {"arith": [1, 2, 3], "code": [1, 2], "sort": [1]}
 

@@ -24,7 +24,7 @@ from postrl.policy.model import load_model, resolve_model_path
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.policy.update import Learner, _share
-from postrl.tasks.base import Response, Task
+from postrl.records import Response, Task
 
 gguf = pytest.importorskip("gguf")
 

@@ -6,10 +6,9 @@ import pytest
 
 from postrl.config import load_config
 from postrl.errors import UserError
-from postrl.rewards.base import Score
+from postrl.records import Response, Score, Task
 from postrl.rewards.composite import apply_terms, available_terms, register_term, unregister_term
 from postrl.rewards.format import boxed_answer, follows_think_answer, tagged_answer
-from postrl.tasks.base import Response, Task
 
 RECIPE = """
 domains:
@@ -146,8 +145,8 @@ def test_answer_tags():
 
 
 def test_length_term_is_characters_over_ten_capped_at_one():
+    from postrl.records import Response
     from postrl.rewards.composite import get_term
-    from postrl.tasks.base import Response
 
     values = get_term("length")([None] * 3, [Response("", "stop"), Response("12345", "stop"), Response("x" * 40, "length")])
     assert list(values) == [0.0, 0.5, 1.0]

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from postrl.records import Response, Task
 from postrl.rewards.math import MathVerifier
-from postrl.tasks.base import Response, Task
 
 EQUIVALENT = [
     ("\\frac{1}{2}", "so the answer is \\boxed{0.5}"),  # fraction vs decimal

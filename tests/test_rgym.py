@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from postrl.errors import UserError
+from postrl.records import Response
 from postrl.tasks import available_domains, make_domain
-from postrl.tasks.base import Response
 from postrl.tasks.rgym import EVAL_SCORED, RG_DATASETS
 
 

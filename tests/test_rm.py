@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from postrl.cli import main
+from postrl.records import Response, Task
 from postrl.rewards.composite import apply_terms, unregister_term
 from postrl.rewards.rm import (
     RewardModel,
@@ -21,7 +22,6 @@ from postrl.rewards.rm import (
     register_rm_term,
     split_pairs,
 )
-from postrl.tasks.base import Response, Task
 
 SHIPPED = Path(__file__).resolve().parents[1] / "postrl" / "data" / "prefs_sorted.jsonl"
 
@@ -104,6 +104,6 @@ def test_rm_train_rejects_bad_pairs(tmp_path, capsys):
 
 
 def _blank():
-    from postrl.rewards.base import Score
+    from postrl.records import Score
 
     return Score(0.0, None)

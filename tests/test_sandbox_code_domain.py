@@ -8,8 +8,9 @@ import random
 import pytest
 
 from postrl.errors import UserError
+from postrl.records import Response
 from postrl.sandbox import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
-from postrl.tasks import Response, make_domain
+from postrl.tasks import make_domain
 from postrl.tasks.code import ALPHABET
 
 

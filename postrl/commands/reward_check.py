@@ -28,8 +28,8 @@ def add_parser(sub) -> None:
 
 
 def load_examples(path: str):
+    from postrl.records import Response, Task
     from postrl.rewards.jsonl import read_jsonl
-    from postrl.tasks.base import Response, Task
 
     rows = read_jsonl(path, {"prompt": str, "response": str, "label": (bool, int)},
                       check=lambda r: None if r["label"] in (0, 1) else "label must be true/false or 1/0")
@@ -49,8 +49,8 @@ def reward_function(name: str):
 
 
 def run(args) -> int:
+    from postrl.records import Score
     from postrl.rewards.agreement import agreement
-    from postrl.rewards.base import Score
 
     tasks, responses, human = load_examples(args.labels)
     raw = reward_function(args.reward)(tasks, responses)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from postrl.tasks.base import Domain, Task
+from postrl.records import Task
+from postrl.tasks.base import Domain
 
 MAX_REDRAWS = 50
 """Redraws per prompt before the sampler takes what it has: a domain whose problems are all

@@ -52,8 +52,7 @@ from collections.abc import Callable
 
 from postrl.config import CurriculumConfig
 from postrl.curriculum.tracker import PassRates, group_outcomes
-from postrl.records import Sample
-from postrl.tasks.base import Task
+from postrl.records import Sample, Task
 
 SCHEDULES: dict[str, Callable] = {}
 UNSEEN_LEARNABILITY = 1 / 6

@@ -66,11 +66,9 @@ import torch
 from postrl.config import Config
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
-from postrl.records import Sample
-from postrl.rewards.base import Score
+from postrl.records import Sample, Score, Task
 from postrl.run import step_generator
 from postrl.steps import score_samples
-from postrl.tasks.base import Task
 
 if TYPE_CHECKING:
     from postrl.policy.update import UpdateStats

@@ -9,8 +9,7 @@ from dataclasses import replace
 import torch
 
 from postrl.policy.rollout import GenParams, generate
-from postrl.records import Sample
-from postrl.tasks.base import Task
+from postrl.records import Sample, Task
 
 
 class Policy:

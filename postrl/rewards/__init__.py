@@ -1,5 +1,1 @@
-"""Pure, batched reward functions and verifiers."""
-
-from postrl.rewards.base import Score
-
-__all__ = ["Score"]
+"""Pure, batched reward functions and verifiers, and scoring a step's samples with them."""

@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from postrl.errors import UserError
-from postrl.rewards.base import Score
+from postrl.records import Score
 
 TermFn = Callable[[Sequence, Sequence], Sequence[float] | Sequence[Score]]
 """(tasks, responses) -> one float per response, or one Score when the term can fail to verify

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 
-from postrl.rewards.base import Score
+from postrl.records import Score
 from postrl.rewards.composite import register_term
 from postrl.rewards.pool import WorkerPool
 

@@ -23,8 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from postrl.faults import crash_point
-from postrl.rewards.base import Score
-from postrl.tasks.base import Task
+from postrl.records import Score, Task
 
 SCHEMA_VERSION = "1"
 SHARD_DIR = "rollouts"

@@ -16,16 +16,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from postrl.rewards.base import Score
-from postrl.tasks.base import (
-    Response,
-    Task,
-    heldout_by_level,
-    is_heldout,
-    parse_params,
-    register_domain,
-    strict_score,
-)
+from postrl.records import Response, Score, Task
+from postrl.tasks.base import heldout_by_level, is_heldout, parse_params, register_domain, strict_score
 
 
 @dataclass(frozen=True)

@@ -16,34 +16,9 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from postrl.rewards.base import Score
-
-
-@dataclass(frozen=True)
-class Task:
-    domain: str
-    """Registry name of the domain that made it."""
-    task_id: str
-    """Stable id: the same problem always has the same id."""
-    prompt: str
-    """Text given to the model (before any chat template)."""
-    answer: str
-    """Gold answer as text (for code: the entry point; tests live in `meta`)."""
-    level: int = 0
-    """Difficulty level within the domain."""
-    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    """Domain-specific data the grader needs (tests, reasoning-gym entry, ...)."""
-
-
-@dataclass(frozen=True)
-class Response:
-    text: str
-    """Decoded completion without the EOS token."""
-    finish_reason: str
-    """'stop' (EOS or a stop string) or 'length' (hit max_new_tokens)."""
+from postrl.records import Response, Score, Task
 
 
 class Domain(Protocol):

@@ -25,16 +25,8 @@ import re
 from dataclasses import dataclass, field
 
 from postrl.errors import UserError
-from postrl.rewards.base import Score
-from postrl.tasks.base import (
-    Response,
-    Task,
-    heldout_by_level,
-    is_heldout,
-    parse_params,
-    register_domain,
-    strict_score,
-)
+from postrl.records import Response, Score, Task
+from postrl.tasks.base import heldout_by_level, is_heldout, parse_params, register_domain, strict_score
 
 LEVELS: dict[int, tuple[list[int], str]] = {
     1: ([1, 1], "+"), 2: ([2, 2], "+"), 3: ([2, 2], "+-"), 4: ([3, 3], "+"), 5: ([2, 2, 2], "+-"), 6: ([2, 1], "*"),

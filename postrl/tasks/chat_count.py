@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import random
 
-from postrl.rewards.base import Score
-from postrl.tasks.base import Response, Task, make_domain, register_domain
+from postrl.records import Response, Score, Task
+from postrl.tasks.base import make_domain, register_domain
 from postrl.tasks.chat_arith import score_reply
 
 SUFFIX = " Reply with only the final number."

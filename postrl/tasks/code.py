@@ -37,11 +37,11 @@ import threading
 from dataclasses import dataclass, field
 
 from postrl.errors import UserError
-from postrl.rewards.base import Score
+from postrl.records import Response, Score, Task
 from postrl.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.sandbox.client import RemoteSandbox
 from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
-from postrl.tasks.base import Response, Task, heldout_by_level, is_heldout, parse_params, register_domain
+from postrl.tasks.base import heldout_by_level, is_heldout, parse_params, register_domain
 
 SOURCES = ("humaneval", "generated")
 HUMANEVAL_STOPS = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert "]

@@ -41,10 +41,10 @@ import random
 from typing import Any
 
 from postrl.errors import UserError
-from postrl.rewards.base import Score
+from postrl.records import Response, Score, Task
 from postrl.rewards.format import tagged_answer
 from postrl.rewards.rgym_scorer import isolated_pool
-from postrl.tasks.base import Response, Task, register_domain
+from postrl.tasks.base import register_domain
 
 EVAL_SCORED = frozenset({
     "countdown", "puzzle24", "simple_integration", "intermediate_integration",

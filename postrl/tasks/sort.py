@@ -18,16 +18,8 @@ import random
 from dataclasses import dataclass, field
 
 from postrl.errors import UserError
-from postrl.rewards.base import Score
-from postrl.tasks.base import (
-    Response,
-    Task,
-    heldout_by_level,
-    is_heldout,
-    parse_params,
-    register_domain,
-    strict_score,
-)
+from postrl.records import Response, Score, Task
+from postrl.tasks.base import heldout_by_level, is_heldout, parse_params, register_domain, strict_score
 
 LEVELS = {1: 3, 2: 4, 3: 5, 4: 6}
 """Level -> number of digits to sort."""
