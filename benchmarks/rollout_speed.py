@@ -28,7 +28,8 @@ from postrl.policy.model import load_model, resolve_model_path
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams, generate, left_pad
 from postrl.policy.update import Learner
-from postrl.run import build_domains, step_generator
+from postrl.run import build_domains
+from postrl.seeding import step_generator
 from postrl.steps import assign_advantages, score_samples
 
 

@@ -33,7 +33,8 @@ from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.policy.update import Learner
 from postrl.records import Response
-from postrl.run import build_domains, step_generator
+from postrl.run import build_domains
+from postrl.seeding import step_generator
 from postrl.steps import assign_advantages, score_samples
 
 

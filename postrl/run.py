@@ -31,6 +31,7 @@ from postrl.policy.model import load_model
 from postrl.policy.policy import Policy
 from postrl.policy.update import Learner
 from postrl.rewards.rm import register_rm_term
+from postrl.seeding import seed_everything, set_threads
 from postrl.store import RolloutStore
 from postrl.tasks.base import Domain, UnknownDomainError, make_domain
 from postrl.ui import Progress
@@ -211,22 +212,3 @@ def save_model(policy: Policy, path: Path) -> None:
 
 def load_weights(model, path: Path) -> None:
     load_policy_weights(model, path)  # LoRA: the adapters only
-
-
-def set_threads(threads: int) -> None:
-    if threads > 0:
-        torch.set_num_threads(threads)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def step_generator(seed: int, step: int, stream: int) -> torch.Generator:
-    """A fresh generator per (step, purpose): a resumed run replays exactly the same draws."""
-    h = 1469598103934665603
-    for part in (seed, step, stream):
-        h = ((h ^ (part & 0xFFFFFFFF)) * 1099511628211) % 2**63
-    return torch.Generator().manual_seed(h)

@@ -18,7 +18,7 @@ from postrl.policy.rollout import GenParams
 from postrl.policy.update import UpdateStats
 from postrl.records import Batch, Sample, Task
 from postrl.rewards.composite import apply_terms
-from postrl.run import step_generator
+from postrl.seeding import step_generator
 from postrl.tasks.base import Domain
 
 if TYPE_CHECKING:

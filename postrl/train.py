@@ -37,7 +37,8 @@ from pathlib import Path
 from postrl.config import Config
 from postrl.faults import crash_point
 from postrl.monitor.alerts import dump_samples
-from postrl.run import open_run, restore_checkpoint, save_checkpoint, step_generator
+from postrl.run import open_run, restore_checkpoint, save_checkpoint
+from postrl.seeding import step_generator
 from postrl.steps import assign_advantages, refill, run_eval, sample_temperatures, step_metrics
 
 

@@ -204,7 +204,8 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
     from postrl.policy.policy import Policy
     from postrl.policy.rollout import GenParams
     from postrl.rewards.composite import register_term, unregister_term
-    from postrl.run import build_domains, step_generator
+    from postrl.run import build_domains
+    from postrl.seeding import step_generator
     from postrl.steps import score_samples
 
     cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", *ARGS])

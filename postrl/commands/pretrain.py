@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from postrl.pretrain import PretrainSpec, ensure_tiny_model, pretrain
-    from postrl.run import set_threads
+    from postrl.seeding import set_threads
 
     set_threads(args.threads)
     spec = PretrainSpec(seed=args.seed)

@@ -67,7 +67,7 @@ from postrl.config import Config
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.records import Sample, Score, Task
-from postrl.run import step_generator
+from postrl.seeding import step_generator
 from postrl.steps import score_samples
 
 if TYPE_CHECKING:
