@@ -32,11 +32,13 @@ demo: setup
 	$(BIN)/python -m postrl.demo
 
 test: setup
-	$(BIN)/ruff check postrl tests benchmarks
+	$(BIN)/ruff check postrl tests benchmarks scripts
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check postrl tests benchmarks
+	$(BIN)/ruff check postrl tests benchmarks scripts
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf runs .pytest_cache

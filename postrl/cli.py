@@ -15,9 +15,27 @@ from postrl.errors import UserError
 
 COMMANDS = ["train", "eval", "pretrain", "plan", "rollouts", "report", "verify", "reward_check", "rm", "sandbox"]
 
+DESCRIPTION = """\
+Reinforcement-learning post-training of language models on verifiable tasks.
+postrl samples several attempts per problem, grades them with verifiers, a code sandbox
+or a reward model, and reinforces what worked. A curriculum spends compute where problems
+are within reach, monitors watch the run, runs resume exactly, and every rollout is kept in
+a store you can query with SQL."""
+
+EPILOG = """\
+quickstart:
+  postrl plan recipes/default.yaml                  the batch arithmetic of a recipe
+  postrl train recipes/default.yaml                 train (the run directory is printed)
+  postrl eval RUN_DIR/final --domains arith         evaluate the trained model
+  postrl rollouts RUN_DIR --sql "SELECT domain, avg(reward) FROM rollouts GROUP BY domain"
+
+`postrl COMMAND --help` describes each command."""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="postrl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="postrl", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"postrl.commands.{name}").add_parser(sub)

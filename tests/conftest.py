@@ -1,10 +1,95 @@
-"""Shared test helpers."""
+"""Shared test helpers, and a suite that writes only under its temporary directories.
+
+Before any test module is imported, every cache and scratch directory that postrl or a library
+under it would put outside tmp is pointed into one directory for the session (this process and
+the subprocesses, pool workers and Ray workers it starts inherit it): the built-in models
+(`POSTRL_CACHE`), Hugging Face, matplotlib, torch inductor, Ray (its temp dir, and a token so
+that it does not write ~/.ray/auth_token), mlflow and wandb. At the end the
+session fails if the checkout gained anything under `runs/` or the real `~/.cache/postrl` changed.
+Tests that train pass `run.dir=` under their `tmp_path`; recipes are read relative to the
+checkout, which stays the working directory.
+"""
 
 from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from postrl.records import Sample, Score, Task
+
+REPO = Path(__file__).resolve().parents[1]
+SCRATCH_ENV = {  # variable -> directory under the session's scratch dir
+    "POSTRL_CACHE": "postrl-cache",
+    "HF_HOME": "huggingface",
+    "MPLCONFIGDIR": "matplotlib",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TRITON_CACHE_DIR": "triton",
+    "RAY_TMPDIR": "ray",  # short on purpose: Ray's socket paths must stay under 107 bytes
+    "WANDB_DIR": "wandb",
+}
+_session: dict = {}
+
+
+def _listing(path: Path) -> dict[str, tuple[int, int] | None] | None:
+    """Relative path -> (size, mtime_ns) of every file under `path` (None for a directory);
+    None when `path` does not exist."""
+    if not path.exists():
+        return None
+    return {str(f.relative_to(path)): (f.stat().st_size, f.stat().st_mtime_ns) if f.is_file() else None
+            for f in sorted(path.rglob("*"))}
+
+
+def _guarded() -> list[Path]:
+    """Directories the suite must leave untouched: the checkout's runs/ and the real model cache."""
+    caches = {Path.home() / ".cache" / "postrl"}
+    if os.environ.get("POSTRL_CACHE"):  # read before it is redirected: the user's own cache
+        caches.add(Path(os.environ["POSTRL_CACHE"]))
+    return [REPO / "runs", *sorted(caches)]
+
+
+def pytest_configure(config):
+    # here, not in a fixture: HF_HOME and MPLCONFIGDIR are read when their libraries are imported,
+    # which collecting the test modules already does
+    scratch = Path(tempfile.mkdtemp(prefix="postrl-tests-"))
+    _session.update(scratch=scratch, before={path: _listing(path) for path in _guarded()}, env={})
+    for name, sub in SCRATCH_ENV.items():
+        _session["env"][name] = os.environ.get(name)
+        os.environ[name] = str(scratch / sub)
+        (scratch / sub).mkdir()
+    others = {
+        "MLFLOW_TRACKING_URI": (scratch / "mlruns").as_uri(),
+        "WANDB_MODE": "offline",
+        # without a token in the environment, ray.init() writes a new one to ~/.ray/auth_token
+        "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(16),
+    }
+    for name, value in others.items():
+        _session["env"][name] = os.environ.get(name)
+        os.environ[name] = value
+
+
+def pytest_unconfigure(config):
+    for name, value in _session.get("env", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if "scratch" in _session:
+        shutil.rmtree(_session["scratch"], ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def writes_stay_in_tmp():
+    """The session's scratch directory; after the last test, fails if the suite wrote into the
+    checkout's runs/ or the real ~/.cache/postrl."""
+    yield _session["scratch"]
+    changed = [str(path) for path, before in _session["before"].items() if _listing(path) != before]
+    if changed:
+        pytest.fail("the test suite wrote outside its temporary directories: " + ", ".join(changed))
 
 
 def build_sample(

