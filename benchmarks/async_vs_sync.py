@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from postrl import engines
+from postrl import run as run_module
 from postrl import train as train_module
 from postrl.config import load_config
 from postrl.evaluate import evaluate_domain
-from postrl.policy.model import resolve_model_path
+from postrl.models import resolve_model_path
 
 
 class Budget(Exception):
@@ -36,8 +36,8 @@ class Budget(Exception):
 def run_arm(cfg, budget_s: float) -> tuple[list[float], dict]:
     """Train until the budget is spent; (seconds of each step, held-out scores of the policy)."""
     runs, ends = [], []
-    original = engines.ENGINES.items["local"]
-    engines.ENGINES.items["local"] = lambda run: (runs.append(run), original(run))[1]  # to reach the policy
+    original = train_module.open_run
+    train_module.open_run = lambda *a, **k: (runs.append(original(*a, **k)), runs[-1])[1]  # to reach the policy
     start = time.perf_counter()
 
     def step_done(name: str) -> None:
@@ -45,13 +45,13 @@ def run_arm(cfg, budget_s: float) -> tuple[list[float], dict]:
         if ends[-1] - start > budget_s:
             raise Budget
 
-    train_module.crash_point = step_done
+    run_module.crash_point = step_done
     try:
         train_module.train(cfg, log=lambda *a: None)
     except Budget:
         pass
     finally:
-        engines.ENGINES.items["local"] = original
+        train_module.open_run = original
     run = runs[0]
     run.engine.close()
     run.sinks.close()

@@ -40,9 +40,9 @@ from pathlib import Path
 
 from postrl.config import load_config
 from postrl.evaluate import count_correct
-from postrl.policy.model import load_model
+from postrl.models import load_model
 from postrl.policy.policy import Policy
-from postrl.run import build_domains
+from postrl.tasks.catalog import build_domains
 from postrl.train import train
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multidomain.yaml"

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/profile_step.py [--steps 4] [--threads 1] [--no-fastlm] [RECIPE] [key=value ...]
 
-Runs the loop's own parts (policy.sample, score_samples, assign_advantages, learner.build_batch,
+Runs the loop's own parts (policy.sample, score_chunk, learner.build_batch,
 learner.update) on the recipe's model and batch shape, times each phase over `--steps` steps
 (after one warm-up step), then profiles one more step with torch.profiler and prints the
 operators that took the most self time. Not a test; absolute times depend on the machine's load.
@@ -17,15 +17,15 @@ import torch
 
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
+from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
+from postrl.models import load_model
 from postrl.policy.fastlm import FastLM
 from postrl.policy.lora import make_reference
-from postrl.policy.model import load_model
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.policy.update import Learner
-from postrl.run import build_domains
 from postrl.seeding import step_generator
-from postrl.steps import assign_advantages, score_samples
+from postrl.tasks.catalog import build_domains
 
 
 class Step:
@@ -48,10 +48,9 @@ class Step:
         samples = self.policy.sample(tasks, cfg.train.samples_per_prompt, self.gen,
                                      step_generator(cfg.seed, self.step, 0))
         t.append(time.perf_counter())
-        score_samples(samples, self.domains, cfg)
+        attach_scores(samples, score_chunk(samples, self.domains, reward_terms(cfg)))
         t.append(time.perf_counter())
-        batch = self.learner.build_batch(samples)  # reference log-probs happen here
-        assign_advantages(samples, batch, cfg, cfg.rl.kl_coef)
+        batch = self.learner.build_batch(samples, cfg.rl.kl_coef)  # reference log-probs happen here
         t.append(time.perf_counter())
         self.learner.update(batch, cfg.rl.kl_coef, step_generator(cfg.seed, self.step, 1))
         t.append(time.perf_counter())

@@ -22,15 +22,15 @@ import torch
 
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
+from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
+from postrl.models import load_model, resolve_model_path
 from postrl.policy.fastlm import shared_prefixes
 from postrl.policy.lora import make_reference
-from postrl.policy.model import load_model, resolve_model_path
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams, generate, left_pad
 from postrl.policy.update import Learner
-from postrl.run import build_domains
 from postrl.seeding import step_generator
-from postrl.steps import assign_advantages, score_samples
+from postrl.tasks.catalog import build_domains
 
 
 def matmul_peak(seconds: float = 3.0) -> float:
@@ -101,16 +101,15 @@ def update(model_path, recipe: str, overrides: list[str], repeats: int) -> dict[
     tasks = TaskSampler(domains, cfg.seed).next_batch(cfg.train.prompts_per_step, weights)
     gen = GenParams(cfg.train.max_new_tokens, cfg.train.temperature, cfg.train.top_p)
     samples = policy.sample(tasks, cfg.train.samples_per_prompt, gen, step_generator(cfg.seed, 0, 0))
-    score_samples(samples, domains, cfg)
+    attach_scores(samples, score_chunk(samples, domains, reward_terms(cfg)))
 
     def step():
-        batch = learner.build_batch(samples)
-        assign_advantages(samples, batch, cfg, cfg.rl.kl_coef)
+        batch = learner.build_batch(samples, cfg.rl.kl_coef)
         learner.update(batch, cfg.rl.kl_coef, step_generator(cfg.seed, 0, 1))
 
     step()  # warm-up
     seconds = best_of(step, repeats)
-    batch = learner.build_batch(samples)
+    batch = learner.build_batch(samples, cfg.rl.kl_coef)
     rows = int(batch.attention_mask.sum())
     distinct = len(shared_prefixes(batch.input_ids, batch.attention_mask).owner)
     per_token = flops_per_token(model, rows / len(samples) / 2)

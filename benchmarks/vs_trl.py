@@ -26,16 +26,16 @@ import torch
 
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
+from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
 from postrl.evaluate import evaluate_domain
+from postrl.models import load_model, resolve_model_path
 from postrl.policy.lora import make_reference
-from postrl.policy.model import load_model, resolve_model_path
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.policy.update import Learner
 from postrl.records import Response
-from postrl.run import build_domains
 from postrl.seeding import step_generator
-from postrl.steps import assign_advantages, score_samples
+from postrl.tasks.catalog import build_domains
 
 
 def run_postrl(path, cfg, tasks, budget_s: float) -> tuple[list[float], int, Policy]:
@@ -51,9 +51,8 @@ def run_postrl(path, cfg, tasks, budget_s: float) -> tuple[list[float], int, Pol
         t0 = time.perf_counter()
         batch_tasks = tasks[(step * p) % len(tasks) :][:p]
         samples = policy.sample(batch_tasks, n, gen, step_generator(cfg.seed, step, 0))
-        score_samples(samples, domains, cfg)
-        batch = learner.build_batch(samples)
-        assign_advantages(samples, batch, cfg, cfg.rl.kl_coef)
+        attach_scores(samples, score_chunk(samples, domains, reward_terms(cfg)))
+        batch = learner.build_batch(samples, cfg.rl.kl_coef)
         learner.update(batch, cfg.rl.kl_coef, step_generator(cfg.seed, step, 1))
         times.append(time.perf_counter() - t0)
         tokens += sum(len(s.completion_ids) for s in samples) if step else 0

@@ -19,10 +19,10 @@ from rich.table import Table
 
 from postrl.config import load_config
 from postrl.evaluate import evaluate
-from postrl.policy.model import load_model
+from postrl.models import load_model
 from postrl.policy.policy import Policy
-from postrl.run import build_domains
 from postrl.seeding import set_threads
+from postrl.tasks.catalog import build_domains
 from postrl.train import train
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "default.yaml"

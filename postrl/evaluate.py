@@ -10,7 +10,23 @@ import torch
 from postrl.algo.passk import pass_at_k
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
+from postrl.registry import Registry
 from postrl.tasks.base import Domain
+
+EVAL_AGGREGATES = Registry("eval aggregate", key="eval.best_aggregate")
+"""How the domains' `eval.best_metric` values combine into the best-checkpoint score."""
+
+
+@EVAL_AGGREGATES.register("mean")
+def mean_over_domains(values: list[float]) -> float:
+    values = [float(v) for v in values]
+    return sum(values) / len(values) if values else 0.0
+
+
+@EVAL_AGGREGATES.register("min")
+def worst_domain(values: list[float]) -> float:
+    """The worst domain's score: a checkpoint is only as good as its weakest domain."""
+    return min(values, default=0.0)
 
 
 def count_correct(

@@ -61,6 +61,12 @@ class Score:
 
 @dataclass
 class Sample:
+    """One completion. Who fills what: the policy's sampler makes it (every field down to
+    `policy_version`, and `timings["sample_s"]`); the engine that ran it attaches `score` and
+    `timings["reward_s"]` (`postrl.engines.pipeline.Pending.result`); the learner sets
+    `advantage` and `kl_penalty` when it builds the step's batch (`Learner.build_batch`). Dynamic
+    sampling renumbers `group` on copies (`dataclasses.replace`), never on the sampler's objects."""
+
     task: Task
     group: int
     """Index of this sample's group (prompt) within the step."""
@@ -79,6 +85,10 @@ class Sample:
     """Number of optimiser updates the sampling policy had received."""
     score: Score | None = None
     advantage: float = 0.0
+    """Group-relative advantage this sample was trained with."""
+    kl_penalty: float | None = None
+    """With `rl.kl_in: reward`, the KL penalty subtracted from the reward before the advantage
+    (stored as the reward component `kl_penalty`, negative); None otherwise."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent on this sample's stages, e.g. {'sample_s': .., 'reward_s': ..} (per-batch share)."""
 
@@ -93,7 +103,8 @@ class Sample:
 
 @dataclass
 class Batch:
-    """Right-padded tensors for the update. B = number of completions, T = prompt+completion length."""
+    """Right-padded tensors for the update. B = number of completions, T = prompt+completion length.
+    Made whole, advantages included, by `Learner.build_batch`; nothing fills it in later."""
 
     input_ids: torch.Tensor  # [B, T] long
     attention_mask: torch.Tensor  # [B, T] long, 1 on real tokens

@@ -8,17 +8,19 @@ actions, eval aggregates). A leaf: it imports nothing from postrl but `errors`.
     def ppo_clip(...): ...
 
     LOSSES.get("ppo_clip")                 # the registered object
-    LOSSES.get("foo")                      # ConfigError: config key 'rl.loss' = 'foo': unknown policy
-                                           #   loss; expected one of ppo_clip
+    LOSSES.get("foo")                      # ConfigError: config key 'rl.loss' = 'foo': unknown
+                                           #   policy loss (expected one of: ppo_clip)
     LOSSES.check("foo", key="rl.loss")     # the same error without returning anything
 
 `key` is the config key whose value names an entry; a registry whose names appear under several
-keys (a reward term under `domains.NAME.reward`) passes the key to `get`/`check` instead.
+keys (a reward term under `domains.NAME.reward`) passes the key to `get`/`check` instead. When the
+name is the key's last part (a mapping's key, `domains.NAME.reward.TERM`), the error names it once.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -64,8 +66,13 @@ class Registry:
         names = self.names()
         close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        where = f"config key '{key}' = {name!r}: " if key else ""
-        return f"{where}unknown {self.kind}{hint} (expected one of: {', '.join(names) or 'none registered'})"
+        if not key:
+            where = f"{name!r}: "
+        elif key.rsplit(".", 1)[-1] == name:  # the name is a mapping's key (`domains.NAME`): said once
+            where = f"config key '{key}': "
+        else:
+            where = f"config key '{key}' = {name!r}: "
+        return f"{where}unknown {self.kind}{hint} (expected one of: {listing(names) or 'none registered'})"
 
     def names(self) -> list[str]:
         return sorted(self._items)
@@ -78,3 +85,15 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def listing(names: list[str], family_size: int = 4) -> str:
+    """Names for a message, a family of `family_size` or more sharing a `prefix:` shown once:
+    arith, code, rg:<name> (115 of them), sort."""
+    families = Counter(n.split(":", 1)[0] for n in names if ":" in n)
+    shown: dict[str, None] = {}
+    for n in names:
+        family = n.split(":", 1)[0] if ":" in n else ""
+        big = bool(family) and families[family] >= family_size
+        shown[f"{family}:<name> ({families[family]} of them)" if big else n] = None
+    return ", ".join(shown)

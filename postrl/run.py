@@ -1,13 +1,21 @@
-"""A run's state: everything the loop touches, how it is built, checkpointed and restored.
+"""A run: the state the loop works on, how it is built, and what it writes down.
 
-    run = open_run(cfg, log, resume=False)   # builds (or restores) the whole state
-    save_checkpoint(run, step, score)        # full state after `step` steps
-    step = restore_checkpoint(run)           # back to the newest intact checkpoint
-    run.finish(step)                         # final/ model, sinks closed, report.html
+    run = open_run(cfg, log, resume=False)    # checks the names, builds (or restores) the whole state
+    alerts = run.record(step, record)         # store, metrics, monitors, sinks, spot checks
+    score = run.evaluate_every(step, alerts)  # held-out eval every eval.every_steps, seesaw alerts
+    run.checkpoint_every(step, score)         # full state every checkpoint.every_steps
+    step, stopped = run.act_on(alerts, step)  # rollback to a checkpoint, or stop
+    run.finish(step)                          # final/ model, sinks closed, report.html
+
+The loop (`postrl.train`) does the algorithm; this module keeps the books. Who owns which state:
+the policy and its optimiser belong to the learner, the curriculum's weights and levels to the
+schedule, the orders in flight to the engine, the rollouts to the store; `Run` holds them side by
+side and saves and restores them together (`save_checkpoint`, `load_checkpoint_state`).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,22 +27,47 @@ import torch
 from postrl.algo.kl_control import FixedKL, make_kl_controller
 from postrl.checkpoint import CheckpointManager
 from postrl.config import Config, save_config
+from postrl.curriculum.dynamic import FillResult
 from postrl.curriculum.sampler import TaskSampler
 from postrl.curriculum.schedule import make_schedule
+from postrl.engines.pipeline import Pipeline, Rollout
+from postrl.engines.registry import ENGINES
 from postrl.errors import UserError
-from postrl.monitor.alerts import AlertLog
+from postrl.evaluate import EVAL_AGGREGATES, evaluate
+from postrl.faults import crash_point
+from postrl.models import load_model
+from postrl.monitor.alerts import Alert, AlertLog, dump_samples
 from postrl.monitor.monitors import MonitorContext, Monitors, build_monitors
 from postrl.monitor.report import write_report
+from postrl.monitor.seesaw import seesaw_alerts
 from postrl.monitor.sinks import MultiSink, make_sinks
+from postrl.monitor.step_metrics import StepTimes, step_metrics
+from postrl.names import check_names
 from postrl.policy.lora import apply_lora, load_policy_weights, make_reference, save_policy
-from postrl.policy.model import load_model
 from postrl.policy.policy import Policy
-from postrl.policy.update import Learner
-from postrl.rewards.rm import register_rm_term
+from postrl.policy.update import Learner, UpdateStats
+from postrl.records import Sample
 from postrl.seeding import seed_everything, set_threads
-from postrl.store import RolloutStore
-from postrl.tasks.base import Domain, UnknownDomainError, make_domain
+from postrl.store.rollouts import RolloutStore
+from postrl.tasks.base import Domain
+from postrl.tasks.catalog import build_domains
 from postrl.ui import Progress
+
+CHECKPOINT_FORMAT = 2
+"""Bumped when the checkpoint's state changes shape; a checkpoint of another format is refused."""
+
+
+@dataclass
+class StepRecord:
+    """What one step produced, for the books."""
+
+    samples: list[Sample]
+    """The samples trained on (after dynamic sampling)."""
+    rollout: Rollout
+    fill: FillResult
+    stats: UpdateStats
+    kl_coef: float
+    update_s: float
 
 
 @dataclass
@@ -46,21 +79,82 @@ class Run:
     learner: Learner
     sampler: TaskSampler
     schedule: Any
+    """The curriculum (`postrl.curriculum.schedule`): it owns the domain weights and levels."""
     kl_ctl: FixedKL
+    engine: Pipeline
+    """Where each step's prompts are sampled and scored (`postrl.engines`, by `cfg.engine`)."""
     store: RolloutStore
-    sinks: MultiSink
     monitors: Monitors
-    alert_log: AlertLog
     ckpt: CheckpointManager
     progress: Progress
     log: Any
-    domain_weights: dict[str, float] = field(default_factory=dict)
+    sinks: MultiSink | None = None
+    alert_log: AlertLog | None = None
     start_step: int = 0
     rollbacks: int = 0
     eval_best: dict[str, list] = field(default_factory=dict)
     """{domain: [best eval.best_metric so far, step]}: the seesaw alert's reference."""
-    engine: Any = None
-    """Where each step's prompts are sampled and scored (`postrl.engines`, by `cfg.engine`)."""
+
+    def record(self, step: int, rec: StepRecord) -> list[Alert]:
+        """Store the step's rollouts, log its metrics, run the monitors, dump spot checks; returns
+        the monitors' alerts (their actions are carried out by `act_on`)."""
+        self.store.write(step, rec.samples)
+        crash_point("step.stored")
+        times = StepTimes(rec.rollout.sample_s, rec.rollout.reward_s, rec.update_s)
+        metrics = step_metrics(rec.samples, rec.stats, times, rec.kl_coef)
+        metrics |= rec.fill.metrics() | self.schedule.metrics() | self.engine.metrics()
+        alerts = self.monitors.update(step, metrics, rec.samples)
+        self.sinks.log(step, {**metrics, **self.monitors.values()})
+        self.alert_log.record(alerts)
+        every = self.cfg.monitor.spot_check_every_steps
+        if every and step % every == 0:
+            dump_samples(self.dir, step, rec.samples, k=self.cfg.monitor.spot_check_k, seed=self.cfg.seed)
+        self.progress.advance(step, metrics)
+        return alerts
+
+    def evaluate(self, step: int, alerts: list[Alert] | None = None) -> float:
+        """Evaluate every domain's held-out split, write eval/step_N.json, check for seesaw
+        regressions (recorded, and appended to `alerts` so that `act_on` carries out their
+        action); returns the best-checkpoint score."""
+        e = self.cfg.eval
+        result = evaluate(
+            self.policy, self.domains, num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
+            temperature=e.temperature, max_new_tokens=self.cfg.train.max_new_tokens, seed=self.cfg.seed,
+        )
+        (self.dir / "eval").mkdir(exist_ok=True)
+        (self.dir / "eval" / f"step_{step}.json").write_text(json.dumps(result, indent=1))
+        self.log(f"eval step {step}: " + "; ".join(f"{d}: {fmt_scores(r)}" for d, r in result.items()))
+        scores = {d: float(r[e.best_metric]) for d, r in result.items() if e.best_metric in r}
+        seesaw = seesaw_alerts(self.eval_best, scores, step, e.seesaw_drop, e.seesaw_action, e.best_metric)
+        self.alert_log.record(seesaw)
+        if alerts is not None:
+            alerts.extend(seesaw)
+        return EVAL_AGGREGATES.get(e.best_aggregate)(list(scores.values()))
+
+    def evaluate_every(self, step: int, alerts: list[Alert]) -> float | None:
+        """`evaluate` after every eval.every_steps steps but the last (the final eval follows the loop)."""
+        every = self.cfg.eval.every_steps
+        if every and step % every == 0 and step < self.cfg.train.total_steps:
+            return self.evaluate(step, alerts)
+        return None
+
+    def checkpoint_every(self, step: int, score: float | None) -> None:
+        every = self.cfg.checkpoint.every_steps
+        if every and step % every == 0:
+            save_checkpoint(self, step, score)
+
+    def act_on(self, alerts: list[Alert], step: int) -> tuple[int, bool]:
+        """Carry out the alerts' actions: roll back to the newest checkpoint (while rollbacks are
+        left and one exists), or stop with a checkpoint. Returns (next step, stopped)."""
+        actions = {a.action for a in alerts}
+        monitor = self.cfg.monitor
+        if "rollback" in actions and self.rollbacks < monitor.max_rollbacks and self.ckpt.steps():
+            return restore_checkpoint(self, lr_factor=monitor.rollback_lr_factor), False
+        if actions & {"stop", "rollback"}:
+            self.log(f"stopping at step {step}: alert {', '.join(a.name for a in alerts)}")
+            save_checkpoint(self, step, None)
+            return step, True
+        return step, False
 
     def finish(self, step: int) -> None:
         self.engine.close()
@@ -73,16 +167,17 @@ class Run:
 
 
 def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
-    """Build a run from its config; with `resume`, continue from the newest intact checkpoint."""
+    """Build a run from its config; with `resume`, continue from the newest intact checkpoint.
+    Every name in the config is checked, the domains built and the model loaded before the run
+    directory is made, so bad input leaves nothing behind."""
+    check_names(cfg)
     seed_everything(cfg.seed)
     set_threads(cfg.run.threads)
-    run_dir = make_run_dir(cfg, resume)
-    save_config(cfg, run_dir / "config.yaml")
-    for term, model_dir in cfg.reward_models.items():  # before the domains, whose reward terms may use them
-        register_rm_term(term, model_dir)
     domains = build_domains(cfg)
     model, tok = load_model(cfg.model.name, cfg.model.dtype, log=log)
     model = apply_lora(model, cfg.model.lora)  # unchanged unless model.lora.r > 0
+    run_dir = make_run_dir(cfg, resume)
+    save_config(cfg, run_dir / "config.yaml")
     policy = Policy(model, tok)
     ref_model = make_reference(model) if cfg.rl.kl_coef > 0 else None  # LoRA: the base, adapters off
     weights = {name: d.weight for name, d in cfg.domains.items()}
@@ -92,14 +187,12 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
         sampler=TaskSampler(domains, cfg.seed),
         schedule=make_schedule(cfg.curriculum, weights, {n: list(d.levels) for n, d in domains.items()}),
         kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon),
-        store=RolloutStore(run_dir, run=cfg.run.name), sinks=None, monitors=None, alert_log=None,
+        engine=ENGINES.get(cfg.engine)(policy, domains, cfg, log),
+        store=RolloutStore(run_dir, run=cfg.run.name),
+        monitors=build_monitors(cfg.monitor, MonitorContext({n: d.reward for n, d in cfg.domains.items()})),
         ckpt=CheckpointManager(run_dir, keep_last=cfg.checkpoint.keep_last, log=log),
-        progress=Progress(cfg.train.total_steps, enabled=cfg.run.progress), log=log, domain_weights=weights,
+        progress=Progress(cfg.train.total_steps, enabled=cfg.run.progress), log=log,
     )
-    run.monitors = build_monitors(cfg.monitor, MonitorContext({n: d.reward for n, d in cfg.domains.items()}))
-    from postrl.engines import ENGINES  # here, not at the top: engines/ builds on this module
-
-    run.engine = ENGINES.get(cfg.engine)(run)
     if resume:
         latest = run.ckpt.latest_valid()
         if latest is None:
@@ -127,6 +220,7 @@ def open_outputs(run: Run, start_step: int) -> None:
 
 def save_checkpoint(run: Run, step: int, score: float | None) -> None:
     state = {
+        "format": CHECKPOINT_FORMAT,
         "step": step,
         "policy_version": run.policy.version,
         "optimizer": run.learner.opt.state_dict(),
@@ -134,7 +228,6 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         "sampler": run.sampler.state_dict(),
         "schedule": run.schedule.state_dict(),
-        "domain_weights": run.domain_weights,
         "kl_controller": run.kl_ctl.state_dict(),
         "monitors": run.monitors.state_dict(),
         "rollout_step": run.store.last_step(),
@@ -148,7 +241,10 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
 def load_checkpoint_state(run: Run, ckpt) -> int:
     """Load every state component from `ckpt` into `run`; returns the next step to run."""
     state = ckpt.load_state()
-    load_weights(run.policy.model, ckpt.model_dir)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"{ckpt.path}: checkpoint format {state.get('format', 1)}, written by an older postrl; "
+                        f"this version resumes format {CHECKPOINT_FORMAT} only: start the run again")
+    load_policy_weights(run.policy.model, ckpt.model_dir)  # LoRA: the adapters only
     run.policy.version = state["policy_version"]
     run.learner.opt.load_state_dict(state["optimizer"])
     run.learner.sched.load_state_dict(state["scheduler"])
@@ -157,12 +253,11 @@ def load_checkpoint_state(run: Run, ckpt) -> int:
     torch.set_rng_state(state["rng"]["torch"])
     run.sampler.load_state_dict(state["sampler"])
     run.schedule.load_state_dict(state["schedule"])
-    run.domain_weights = dict(state["domain_weights"])
     run.kl_ctl.load_state_dict(state["kl_controller"])
     run.monitors.load_state_dict(state["monitors"])
     run.rollbacks = state["rollbacks"]
-    run.eval_best = {d: list(v) for d, v in state.get("eval_best", {}).items()}  # absent before seesaw alerts
-    run.engine.load_state_dict(state.get("pipeline"), state["step"])  # absent before the pipeline
+    run.eval_best = {d: list(v) for d, v in state["eval_best"].items()}
+    run.engine.load_state_dict(state["pipeline"], state["step"])
     return state["step"]
 
 
@@ -180,16 +275,6 @@ def restore_checkpoint(run: Run, lr_factor: float = 1.0) -> int:
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def build_domains(cfg: Config) -> dict[str, Domain]:
-    domains = {}
-    for name, dcfg in cfg.domains.items():
-        try:
-            domains[name] = make_domain(name, dcfg.params, cfg.seed)
-        except UnknownDomainError as e:
-            raise UserError(e.args[0]) from None
-    return domains
 
 
 def make_run_dir(cfg: Config, resume: bool) -> Path:
@@ -210,5 +295,5 @@ def save_model(policy: Policy, path: Path) -> None:
     save_policy(policy.model, policy.tok, path)  # LoRA: adapters merged into a full HF dir, plus adapter/
 
 
-def load_weights(model, path: Path) -> None:
-    load_policy_weights(model, path)  # LoRA: the adapters only
+def fmt_scores(r: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.3f}" for k, v in r.items() if k == "greedy" or k.startswith("pass@"))

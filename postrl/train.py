@@ -1,17 +1,21 @@
 """The training loop: group-relative policy optimisation with verifiable rewards (GRPO family).
 
 Per step:
-  1. draw `prompts_per_step` tasks from the domain mixture (domain weights, difficulty levels and
-     per-problem keep-probabilities from the curriculum schedule, `postrl.curriculum.schedule`);
-  2. sample `samples_per_prompt` completions for each, recording behaviour log-probs;
-     with `pipeline.max_staleness` K > 0 this and 3. run on the rollout side (threads, or Ray actors
-     with `engine: ray`) up to K steps ahead of the trainer (`postrl.engines.pipeline`);
-  3. score every completion with its domain's verifier (plus any weighted reward terms); with
-     dynamic sampling, drop groups whose rewards are all equal and draw more (`postrl.curriculum.dynamic`);
-  4. advantages relative to the other completions of the same prompt;
+  1. draw `prompts_per_step` tasks from the domain mixture (domain weights and per-problem
+     keep-probabilities from the curriculum schedule, `postrl.curriculum.schedule`);
+  2. sample `samples_per_prompt` completions for each, recording behaviour log-probs; with
+     `pipeline.max_staleness` K > 0, 1-3 run for step q at the start of step q - K, on the rollout
+     side (threads, or Ray actors with `engine: ray`; `postrl.engines.pipeline`);
+  3. score every completion with its domain's verifier (plus any weighted reward terms), each group
+     as soon as its samples exist; with dynamic sampling, drop groups whose rewards are all equal
+     and draw more through the same engine (`postrl.curriculum.dynamic`);
+  4. advantages relative to the other completions of the same prompt, and the reference
+     log-probs: the step's batch (`Learner.build_batch`);
   5. `ppo_epochs` x `minibatches` clipped policy-gradient steps with a KL penalty to the frozen
      initial policy (the reference);
-  6. store the rollouts, log metrics, run the monitors, update the curriculum from every group drawn.
+  6. update the curriculum from every group drawn.
+Then the books (`Run.record`: rollouts stored, metrics, monitors, spot checks), and between steps
+eval, checkpoints, and the monitors' rollback or stop (`postrl.run`).
 
 Departures from the GRPO paper (Shao et al., 2024), each a config switch:
   - token-mean loss aggregation (DAPO) instead of per-sequence means (`rl.loss_agg`);
@@ -34,77 +38,77 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from postrl.config import Config
-from postrl.faults import crash_point
-from postrl.monitor.alerts import dump_samples
-from postrl.run import open_run, restore_checkpoint, save_checkpoint
+from postrl.config import Config, load_config
+from postrl.curriculum.dynamic import FillResult, fill_batch, passthrough
+from postrl.errors import UserError
+from postrl.records import Sample, Task
+from postrl.run import Run, StepRecord, open_run
 from postrl.seeding import step_generator
-from postrl.steps import assign_advantages, refill, run_eval, sample_temperatures, step_metrics
 
 
 def train(cfg: Config, log=print, resume: bool = False) -> Path:
     """Run RL post-training as configured; returns the run directory (trained model in final/)."""
     run = open_run(cfg, log, resume)
-    t = cfg.train
-    step, stopped = run.start_step, False
-    with run.progress as bar:
-        while step < t.total_steps and not stopped:
-            for ahead in run.engine.to_submit(step):  # this step; async: up to max_staleness steps ahead
-                tasks = run.sampler.next_batch(
-                    t.prompts_per_step, run.domain_weights, run.schedule.levels(), run.schedule.task_weight
-                )
-                run.engine.submit(ahead, tasks, sample_temperatures(tasks, t.samples_per_prompt, cfg))  # sample+score
-            rollout = run.engine.take(step)  # scored samples from weights at most max_staleness steps old
-            samples = rollout.samples
-            t2 = time.perf_counter()
-            fill = refill(run, step, samples)  # dynamic sampling, when on: only groups with reward spread
-            samples = fill.kept or samples  # none found within the cap: train on the draw (all-zero advantages)
-            batch = run.learner.build_batch(samples)  # reference log-probs, once per batch
+    learner, step, stopped = run.learner, run.start_step, False
+    with run.progress:
+        while step < cfg.train.total_steps and not stopped:
+            # 1-3. tasks drawn by the curriculum, sampled and scored (K > 0: submitted K steps ahead)
+            submit_ahead(run, step)
+            rollout = run.engine.take(step)
+            t0 = time.perf_counter()
+            fill = refill(run, step, rollout.samples)  # dynamic sampling, when on: groups with reward spread
+            samples = fill.kept or rollout.samples  # none found within the cap: the draw (all-zero advantages)
+            # 4. group-relative advantages, reference log-probs
             kl_coef = run.kl_ctl.coef
-            assign_advantages(samples, batch, cfg, kl_coef)
-            stats = run.learner.update(batch, kl_coef, step_generator(cfg.seed, step, 1))
+            batch = learner.build_batch(samples, kl_coef)
+            # 5. clipped policy gradient with the KL penalty
+            stats = learner.update(batch, kl_coef, step_generator(cfg.seed, step, 1))
             run.kl_ctl.update(stats.kl_mean)
-            t3 = time.perf_counter()
+            update_s = time.perf_counter() - t0 - fill.seconds
+            # 6. curriculum from every group drawn
+            run.schedule.update(step, fill.drawn)
 
-            run.store.write(step, samples)
-            crash_point("step.stored")
-            seconds = (rollout.sample_s, rollout.reward_s, t3 - t2 - fill.seconds)
-            metrics = step_metrics(samples, stats, seconds, kl_coef, run.domain_weights)
-            metrics |= fill.metrics() | run.schedule.metrics() | run.engine.metrics(stats)
-            alerts = run.monitors.update(step, metrics, samples)
-            run.sinks.log(step, {**metrics, **run.monitors.values()})
-            run.alert_log.record(alerts)
-            run.domain_weights = run.schedule.update(step, fill.drawn, run.domain_weights)
-            if cfg.monitor.spot_check_every_steps and step % cfg.monitor.spot_check_every_steps == 0:
-                dump_samples(run.dir, step, samples, k=cfg.monitor.spot_check_k, seed=cfg.seed)
-            bar.advance(step, metrics)
+            alerts = run.record(step, StepRecord(samples, rollout, fill, stats, kl_coef, update_s))
             step += 1
-
-            score = None
-            if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < t.total_steps:
-                score = run_eval(run, step, alerts)  # seesaw alerts join the step's alerts
-            if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                save_checkpoint(run, step, score)
-            actions = {a.action for a in alerts}
-            if "rollback" in actions and run.rollbacks < cfg.monitor.max_rollbacks and run.ckpt.steps():
-                step = restore_checkpoint(run, lr_factor=cfg.monitor.rollback_lr_factor)
-            elif actions & {"stop", "rollback"}:
-                log(f"stopping at step {step}: alert {', '.join(a.name for a in alerts)}")
-                save_checkpoint(run, step, None)
-                stopped = True
+            score = run.evaluate_every(step, alerts)  # seesaw alerts join the step's alerts
+            run.checkpoint_every(step, score)
+            step, stopped = run.act_on(alerts, step)
 
     if not stopped:
-        run_eval(run, step)
+        run.evaluate(step)
     run.finish(step)
     log(f"trained policy saved to {run.dir / 'final'}")
     return run.dir
 
 
+def draw_tasks(run: Run, n: int) -> list[Task]:
+    """The one way tasks are drawn: the curriculum's domain weights and keep-probabilities."""
+    return run.sampler.next_batch(n, run.schedule.weights, run.schedule.task_weight)
+
+
+def submit_ahead(run: Run, step: int) -> None:
+    """Hand the engine this step's tasks, and with max_staleness K the tasks of the steps up to
+    step + K (drawn now, in step order, from the curriculum as it is now)."""
+    for ahead in run.engine.to_submit(step):
+        run.engine.submit(ahead, draw_tasks(run, run.cfg.train.prompts_per_step))
+
+
+def refill(run: Run, step: int, samples: list[Sample]) -> FillResult:
+    """Dynamic sampling when `curriculum.dynamic_sampling` is on (`postrl.curriculum.dynamic`):
+    extra rounds draw from the same curriculum and are sampled and scored by the engine
+    (`engine.resample`); otherwise the batch as drawn."""
+    t, c = run.cfg.train, run.cfg.curriculum
+    if not c.dynamic_sampling:
+        return passthrough(samples, t.samples_per_prompt)
+
+    def draw(k: int, round_: int) -> list[Sample]:
+        return run.engine.resample(step, round_, draw_tasks(run, k)).samples
+
+    return fill_batch(samples, draw, t.samples_per_prompt, c.max_extra_draws, t.minibatches)
+
+
 def resume_config(run_dir: str | Path, overrides: list[str]) -> Config:
     """The config a run was started with, plus overrides (e.g. a larger train.total_steps)."""
-    from postrl.config import load_config
-    from postrl.errors import UserError
-
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise UserError(f"cannot resume {run_dir}: no config.yaml (is it a postrl run directory?)")

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from postrl.algo.advantages import ADVANTAGES, grpo, rloo
-from postrl.algo.losses import LOSSES, aggregate, kl_estimate, ppo_clip
+from postrl.algo.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSSES, aggregate, kl_estimate, ppo_clip
 from postrl.algo.passk import pass_at_k
+from postrl.errors import ConfigError
 
 
 def test_grpo_scales_by_unbiased_group_std():
@@ -33,8 +34,11 @@ def test_rloo_leave_one_out():
 
 def test_registries_know_their_names():
     assert ADVANTAGES.get("grpo") is grpo and LOSSES.get("ppo_clip") is ppo_clip
-    with pytest.raises(KeyError, match="unknown advantage estimator 'nope'; available: grpo, rloo"):
+    assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
+    assert LOSS_AGGREGATIONS.names() == ["seq-mean-token-mean", "token-mean"]
+    with pytest.raises(ConfigError) as e:
         ADVANTAGES.get("nope")
+    assert str(e.value) == "config key 'rl.advantage' = 'nope': unknown advantage estimator (expected one of: grpo, rloo)"
 
 
 def _ppo_case():
@@ -110,7 +114,7 @@ def test_pass_at_k_rejects_impossible_counts():
 
 
 def test_unverified_samples_get_the_verified_mean_and_zero_advantage():
-    from postrl.steps import fill_unverified
+    from postrl.algo.advantages import fill_unverified
 
     rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     verified = torch.tensor([[True, True, False, True], [False, False, False, False]])

@@ -6,8 +6,8 @@ import pytest
 
 from postrl.errors import UserError
 from postrl.records import Response
-from postrl.tasks import make_domain
 from postrl.tasks.arith import extract_answer, score_answer, solve, systematic_mistake
+from postrl.tasks.catalog import make_domain
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from postrl import engines
 from postrl.algo.losses import ppo_clip, truncated_is_weight
 from postrl.config import load_config
 from postrl.engines import pipeline
 from postrl.policy.update import Learner, offpolicy_stats
 from postrl.records import Batch
-from postrl.store import read_rows
+from postrl.store.rollouts import read_rows
 from postrl.train import train
 
 ARGS = [
@@ -91,22 +90,22 @@ def test_offpolicy_stats_by_hand():
 
 
 def test_learner_computes_proximal_logprobs_only_for_stale_rows(tiny_model_dir):
-    from postrl.policy.model import load_model
+    from postrl.models import load_model
     from postrl.policy.policy import Policy
     from postrl.policy.rollout import GenParams
     from postrl.records import Task
 
-    cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}"])
+    cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", "train.samples_per_prompt=4"])
     model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
     policy = Policy(model, tok)
     learner = Learner(policy, None, cfg.train, cfg.rl, cfg.model)
     samples = policy.sample([Task("arith", "t", "12+34=", "46")], 4, GenParams(4, 1.0, 1.0),
                             torch.Generator().manual_seed(0))
-    assert learner.build_batch(samples).prox_logprobs is None  # on-policy: the synchronous loss
+    assert learner.build_batch(samples, 0.0).prox_logprobs is None  # on-policy: the synchronous loss
     policy.version = 2  # the trainer has moved on; samples[2:] are re-stamped as fresh
     for s in samples[2:]:
         s.policy_version = 2
-    batch = learner.build_batch(samples)
+    batch = learner.build_batch(samples, 0.0)
     assert torch.equal(batch.prox_logprobs[2:], batch.old_logprobs[2:])
     # same weights as the sampler: the recomputed log-probs agree with the behaviour ones
     m = batch.loss_mask[:2].bool()
@@ -121,11 +120,11 @@ def test_threaded_pipeline_at_staleness_0_equals_the_synchronous_loop(tiny_model
     sync = run_train(tiny_model_dir, tmp_path / "sync", "train.total_steps=3")
     threaded = []
 
-    def threaded_engine(run):  # the threaded pipeline forced at max_staleness 0
-        threaded.append(pipeline.ThreadedEngine(run, split_cores=False))
+    def threaded_engine(policy, domains, cfg, log):  # the threaded pipeline forced at max_staleness 0
+        threaded.append(pipeline.ThreadedEngine(policy, domains, cfg, log, split_cores=False))
         return threaded[-1]
 
-    monkeypatch.setitem(engines.ENGINES.items, "local", threaded_engine)
+    monkeypatch.setattr(pipeline, "make_local_engine", threaded_engine)
     asyn = run_train(tiny_model_dir, tmp_path / "threaded", "train.total_steps=3")
     assert threaded and not any(t.is_alive() for t in threaded[0]._threads)  # it ran, and was closed
     assert same_weights(weights(sync), weights(asyn))
@@ -165,7 +164,7 @@ def test_async_run_resumes_exactly_with_orders_in_flight(tiny_model_dir, tmp_pat
     class Crash(Exception):
         pass
 
-    from postrl import train as train_module
+    from postrl import run as run_module
 
     calls = []
 
@@ -174,7 +173,7 @@ def test_async_run_resumes_exactly_with_orders_in_flight(tiny_model_dir, tmp_pat
         if len(calls) == 3:
             raise Crash
 
-    monkeypatch.setattr(train_module, "crash_point", crash_after_step_2)
+    monkeypatch.setattr(run_module, "crash_point", crash_after_step_2)
     run_dir = tmp_path / "crashed"
     threads = torch.get_num_threads()
     with pytest.raises(Crash):
@@ -199,14 +198,13 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
     the samples and scores are those of sampling everything first and scoring after."""
     import random
 
+    from postrl.models import load_model
     from postrl.policy import policy as policy_module
-    from postrl.policy.model import load_model
     from postrl.policy.policy import Policy
     from postrl.policy.rollout import GenParams
-    from postrl.rewards.composite import register_term, unregister_term
-    from postrl.run import build_domains
+    from postrl.rewards.terms import TERMS, register_term
     from postrl.seeding import step_generator
-    from postrl.steps import score_samples
+    from postrl.tasks.catalog import build_domains
 
     cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", *ARGS])
     cfg.domains["arith"].reward = {"reward": 1.0, "test_slow": 0.0}  # computed and logged, weight 0
@@ -233,17 +231,18 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
 
     monkeypatch.setattr(policy_module, "generate", slow_generate)
     register_term("test_slow")(slow_term)
-    scorer = pipeline.LocalScorer(domains, cfg)
+    scorer = pipeline.LocalScorer(domains, pipeline.reward_terms(cfg))
     try:
         rollout = pipeline.run_order(policy, order, cfg, scorer).result()
         during, spans = list(graded), list(chunks)
         monkeypatch.undo()
         after = policy.sample(tasks, 4, GenParams(cfg.train.max_new_tokens, 1.0, 1.0),
                               step_generator(cfg.seed, 0, 0), [1.0] * 16)
-        score_samples(after, domains, cfg)  # the same samples, scored once all exist
+        # the same samples, scored once all exist
+        pipeline.attach_scores(after, pipeline.score_chunk(after, domains, pipeline.reward_terms(cfg)))
     finally:
         scorer.close()
-        unregister_term("test_slow")
+        TERMS.remove("test_slow")
 
     assert len(spans) == len(during) == rollout.chunks == 4
     assert [ids for _, ids in during] == [{t.task_id} for t in tasks]  # group by group, in order
@@ -258,7 +257,7 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
 def test_whole_groups_are_handed_over_once_each(tiny_model_dir):
     """Multi-temperature sampling splits each group over two generation batches: a group is
     handed over only once its last sample exists, every sample exactly once, groups whole."""
-    from postrl.policy.model import load_model
+    from postrl.models import load_model
     from postrl.policy.policy import Policy
     from postrl.policy.rollout import GenParams
     from postrl.records import Task

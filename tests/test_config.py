@@ -31,7 +31,7 @@ def test_int_and_exponent_strings_are_accepted_for_float():
         ("rl.scale_by_std=3", "config key 'rl.scale_by_std' = 3: expected bool, got int"),
         ("eval.k=[1,x]", "config key 'eval.k[1]' = 'x': expected int, got str"),
         ("train.minibatches=3", "config key 'train.minibatches' = 3: must divide the 256 completions per step"),
-        ("rl.kl_estimator=k9", "config key 'rl.kl_estimator' = 'k9': expected k1, k2 or k3"),
+        ("rl.kl_in=both", "config key 'rl.kl_in' = 'both': expected loss or reward"),
         ("nokey", "override 'nokey' is not of the form key=value"),
     ],
 )
@@ -43,7 +43,7 @@ def test_bad_values_raise_one_line(override, message):
 
 def test_domain_params_are_validated_by_the_domain(tmp_path):
     from postrl.errors import UserError
-    from postrl.tasks import make_domain
+    from postrl.tasks.catalog import make_domain
 
     with pytest.raises(UserError, match="unknown config key 'domains.arith.params.levls'; did you mean"):
         make_domain("arith", {"levls": [1]})
@@ -78,7 +78,8 @@ def test_cli_invalid_yaml_names_file_and_line(tmp_path, capsys):
 
 def test_cli_unknown_domain_exits_2(capsys, tmp_path):
     code, err = run_cli(["train", RECIPE, "domains={nosuch: {}}", f"run.dir={tmp_path / 'r'}"], capsys)
-    assert code == 2 and err.startswith("error: unknown domain 'nosuch'; available: arith")
+    assert code == 2 and err.startswith("error: config key 'domains.nosuch': unknown domain (expected one of: arith")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "r").exists()
 
 
 def test_cli_missing_model_exits_2(capsys, tmp_path):

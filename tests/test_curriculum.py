@@ -20,8 +20,9 @@ from postrl.curriculum.schedule import (
     expected_learnability,
     make_schedule,
 )
+from postrl.monitor.seesaw import seesaw_alerts
+from postrl.names import check_names
 from postrl.records import Sample, Score, Task
-from postrl.steps import seesaw_alerts
 
 DOMAINS = {"arith": [1, 2, 3], "code": [1, 2], "sort": [1]}
 
@@ -56,8 +57,8 @@ def test_task_weights_on_hand_made_histories():
     s = schedule(min_problem_weight=0.1, park_after_attempts=100)  # sort: one level, no level factor
     history = [group(t, w, g=g, domain="sort") for g, (t, w) in enumerate(
         [("solved", 8), ("half", 4), ("twice", 8), ("floor", 8)])]
-    s.update(0, [x for grp in history for x in grp], {})
-    s.update(1, [x for k, t in enumerate(["twice"] + ["floor"] * 7) for x in group(t, 8, g=k, domain="sort")], {})
+    s.update(0, [x for grp in history for x in grp])
+    s.update(1, [x for k, t in enumerate(["twice"] + ["floor"] * 7) for x in group(t, 8, g=k, domain="sort")])
     w = {tid: s.task_weight(Task("sort", tid, tid, "0", 1)) for tid in ("solved", "half", "twice", "floor", "new")}
     assert w["new"] == 1.0  # unseen: always kept
     assert w["half"] == 1.0  # 25/110 over 1/6 = 150/110, capped at 1
@@ -70,7 +71,7 @@ def test_task_weights_on_hand_made_histories():
 def test_problem_window_forgets_old_groups():
     s = schedule(problem_window_groups=2, park_after_attempts=100)
     for step in range(3):
-        s.update(step, group("p", 8 if step == 0 else 4), {})
+        s.update(step, group("p", 8 if step == 0 else 4))
     assert s.rates.problem("p") == (16, 8)  # the 8/8 group fell out of the window
 
 
@@ -80,20 +81,20 @@ def test_problem_window_forgets_old_groups():
 def test_never_solved_problem_is_parked_and_reprobed():
     s = schedule(park_after_attempts=16, reprobe_every_steps=5)
     hard = Task("arith", "hard", "hard", "0", 1)
-    s.update(0, group("hard", 0), {})
+    s.update(0, group("hard", 0))
     assert s.task_weight(hard) > 0  # 8 attempts: not yet
-    s.update(1, group("hard", 0), {})
+    s.update(1, group("hard", 0))
     assert s.parked == {"hard": 1}
     for step in range(2, 6):  # steps 2..5 draw nothing of it
         assert s.task_weight(hard) == 0.0
-        s.update(step, group("other", 4), {})
+        s.update(step, group("other", 4))
     assert s.step == 6 and s.task_weight(hard) == 1.0  # 5 steps after parking: re-probe
-    s.update(6, group("hard", 0), {})  # the probe fails: parked again, from step 6
+    s.update(6, group("hard", 0))  # the probe fails: parked again, from step 6
     assert s.parked == {"hard": 6} and s.task_weight(hard) == 0.0
     for step in range(7, 11):
-        s.update(step, [], {})
+        s.update(step, [])
     assert s.task_weight(hard) == 1.0
-    s.update(11, group("hard", 1), {})  # a success releases it
+    s.update(11, group("hard", 1))  # a success releases it
     assert "hard" not in s.parked and s.task_weight(hard) > 0
 
 
@@ -109,12 +110,12 @@ class Pool:
 
 def test_sampler_skips_parked_problem_until_its_reprobe():
     s = schedule(park_after_attempts=8, reprobe_every_steps=3)
-    s.update(0, group("p0", 0, domain="sort"), {})  # parked at step 0
+    s.update(0, group("p0", 0, domain="sort"))  # parked at step 0
     sampler = TaskSampler({"sort": Pool()}, seed=0)
     drawn = {}
     for step in range(1, 5):
-        drawn[step] = {t.task_id for t in sampler.next_batch(64, {"sort": 1.0}, s.levels(), s.task_weight)}
-        s.update(step, [], {})
+        drawn[step] = {t.task_id for t in sampler.next_batch(64, {"sort": 1.0}, s.task_weight)}
+        s.update(step, [])
     assert "p0" not in drawn[1] | drawn[2]
     assert "p0" in drawn[3] and {"p1", "p2", "p3"} <= drawn[3]
 
@@ -132,7 +133,8 @@ def test_sampler_rejects_in_proportion_to_weight():
 def test_domain_weights_by_hand():
     s = schedule(domain_floor=0.1)
     samples = group("a", 4, domain="arith") + group("c", 8, domain="code", g=1) + group("s", 2, domain="sort", g=2)
-    w = s.update(0, samples, {})
+    s.update(0, samples)
+    w = s.weights
     # L: arith 1/2*1/2 = 0.25, code 0, sort 2/8*6/8 = 0.1875; free share 1 - 3*0.1 = 0.7
     assert w["arith"] == pytest.approx(0.1 + 0.7 * 0.25 / 0.4375)  # 0.5
     assert w["code"] == pytest.approx(0.1)
@@ -142,7 +144,8 @@ def test_domain_weights_by_hand():
 
 def test_domain_without_data_counts_as_most_learnable():
     s = schedule(domain_floor=0.0)
-    w = s.update(0, group("a", 4, domain="arith") + group("c", 1, domain="code", g=1), {})
+    s.update(0, group("a", 4, domain="arith") + group("c", 1, domain="code", g=1))
+    w = s.weights
     # arith 0.25, code 7/64, sort unseen 0.25
     assert w["sort"] == pytest.approx(0.25 / (0.5 + 7 / 64)) and w["sort"] == pytest.approx(w["arith"])
 
@@ -162,7 +165,8 @@ def test_domain_weights_stay_above_floor_through_training_updates():
     s = schedule(domain_floor=0.15)
     for step in range(20):  # code always solved, sort never: both starve without the floor
         samples = group("a", 4, domain="arith") + group("c", 8, domain="code", g=1) + group("s", 0, domain="sort", g=2)
-        w = s.update(step, samples, {})
+        s.update(step, samples)
+        w = s.weights
     assert w["code"] == pytest.approx(0.15) and w["sort"] == pytest.approx(0.15)
     assert w["arith"] == pytest.approx(0.7)
 
@@ -174,22 +178,22 @@ def test_levels_unlock_when_mastered_and_are_weighed_by_learnability():
     s = schedule(level_min_groups=4, mastery_pass_rate=0.8)
     new = {lv: Task("arith", f"new{lv}", "", "0", lv) for lv in (1, 2, 3)}
     keep = lambda: [s.task_weight(new[lv]) for lv in (1, 2, 3)]  # noqa: E731
-    assert s.levels() == {} and s.frontier() == {"arith": 1, "code": 1}  # sort has one level
+    assert s.frontier() == {"arith": 1, "code": 1}  # sort has one level
     assert keep() == [1.0, 1.0, 0.0]  # the frontier and one above; level 3 locked
     for step in range(3):
-        s.update(step, group(f"x{step}", 7), {})  # 7/8 >= 0.8, but only 3 groups
+        s.update(step, group(f"x{step}", 7))  # 7/8 >= 0.8, but only 3 groups
     assert s.frontier()["arith"] == 1 and keep()[2] == 0.0
-    s.update(3, group("x3", 7), {})
+    s.update(3, group("x3", 7))
     assert s.frontier()["arith"] == 2
     # L1: 28/32, a=29 b=5: 145/(34*35); L2, L3 unseen: 1/6
     assert keep() == pytest.approx([145 / 1190 * 6, 1.0, 1.0])
     for step in range(4, 12):
-        s.update(step, group(f"y{step}", 6, level=2), {})  # 6/8 < 0.8: the frontier stays
+        s.update(step, group(f"y{step}", 6, level=2))  # 6/8 < 0.8: the frontier stays
     # L2: 48/64, a=49 b=17: 833/(66*67) is now the best unlocked level
     l1, l2 = 145 / 1190, 833 / 4422
     assert s.frontier()["arith"] == 2 and keep() == pytest.approx([l1 / l2, 1.0, (1 / 6) / l2])
     s.level_index["arith"] = 2
-    s.update(12, group("z", 8, level=3), {})
+    s.update(12, group("z", 8, level=3))
     assert s.frontier()["arith"] == 3  # the top level: nowhere further to go
 
 
@@ -257,12 +261,14 @@ def test_state_round_trips_through_json():
     for step in range(6):
         samples = [x for g in range(5) for x in group(f"t{rng.randrange(8)}", rng.choice([0, 3, 8]), g=g,
                                                       domain=rng.choice(list(DOMAINS)))]
-        a.update(step, samples, {})
+        a.update(step, samples)
     b = schedule(park_after_attempts=8, level_min_groups=2)
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
     assert b.state_dict() == a.state_dict() and b.frontier() == a.frontier() and b.metrics() == a.metrics()
     probe = group("t1", 2) + group("t5", 0, g=1, domain="code")
-    assert a.update(6, probe, {}) == b.update(6, probe, {})
+    a.update(6, probe)
+    b.update(6, probe)
+    assert a.weights == b.weights
     assert [a.task_weight(Task("arith", f"t{i}", "", "0")) for i in range(8)] == [
         b.task_weight(Task("arith", f"t{i}", "", "0")) for i in range(8)
     ]
@@ -295,7 +301,7 @@ def test_seesaw_alert_fires_on_a_regression_and_not_on_noise():
 ])
 def test_config_rejects_bad_curriculum_settings(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, ["domains={arith: {}, sort: {}}", override])
+        check_names(load_config(None, ["domains={arith: {}, sort: {}}", override]))
 
 
 def test_multidomain_recipe_loads():
@@ -324,7 +330,7 @@ def test_training_with_curriculum_and_dynamic_sampling_logs_and_checkpoints_it(t
         assert m["dynamic/extra_draws"] <= 1 and m["dynamic/dropped_groups"] >= 0
         assert m["curriculum/level/arith"] == 1 and 0 <= m["curriculum/learnability/arith"] <= 0.25
     state = CheckpointManager(run_dir).latest_valid().load_state()  # after step 2
-    assert set(state["schedule"]) == {"rates", "level_index", "parked", "step"} and state["schedule"]["step"] == 2
+    assert set(state["schedule"]) == {"rates", "level_index", "parked", "step", "weights"} and state["schedule"]["step"] == 2
     assert state["schedule"]["rates"]["domains"]["arith"]  # groups recorded from the rollouts
     assert state["eval_best"]["arith"][1] == 1  # best-so-far from the step-1 eval
 

@@ -15,12 +15,12 @@ from rich.console import Console
 from postrl.errors import UserError
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples, read_alerts
 from postrl.monitor.monitors import (
+    MONITORS,
     MonitorConfig,
     MonitorContext,
     Tampering,
     TamperingConfig,
     Trigger,
-    available_monitors,
     build_monitors,
     repeat_fraction,
 )
@@ -83,7 +83,7 @@ def run_monitors(traj, cfg: MonitorConfig | None = None, monitors=None) -> list[
 
 def test_healthy_run_raises_nothing(make_sample):
     monitors = build_monitors(MonitorConfig(), CTX)
-    assert sorted(monitors.monitors) == available_monitors()
+    assert sorted(monitors.monitors) == MONITORS.names()
     assert run_monitors(trajectory(make_sample), monitors=monitors) == []
     values = monitors.values()
     assert 0 < values["monitor/format_share"] < 0.5 and values["monitor/tampering_share"] == 0

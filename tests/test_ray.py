@@ -15,8 +15,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ray>
 
 from postrl.config import load_config  # noqa: E402
 from postrl.engines import ray_engine  # noqa: E402
-from postrl.sandbox import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable  # noqa: E402
-from postrl.store import read_rows  # noqa: E402
+from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable  # noqa: E402
+from postrl.store.rollouts import read_rows  # noqa: E402
 from postrl.train import train  # noqa: E402
 
 ARGS = [

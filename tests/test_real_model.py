@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from postrl.config import LoraConfig, ModelConfig, RLConfig, TrainConfig
 from postrl.errors import UserError
+from postrl.models import load_model, resolve_model_path
 from postrl.policy import lora as lora_mod
 from postrl.policy.logprobs import token_logprobs
-from postrl.policy.model import load_model, resolve_model_path
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.policy.update import Learner, _share
@@ -189,7 +189,7 @@ def _samples(policy: Policy, n_tasks: int = 3, n: int = 4, seed: int = 0):
 
 
 def _train_cfgs(**train) -> tuple[TrainConfig, RLConfig]:
-    return TrainConfig(lr=1e-2, minibatches=1, max_grad_norm=1e9, **train), RLConfig(kl_coef=0.1, entropy_coef=0.01)
+    return TrainConfig(lr=1e-2, minibatches=1, max_grad_norm=1e9, samples_per_prompt=4, **train), RLConfig(kl_coef=0.1, entropy_coef=0.01)
 
 
 def test_lora_trains_only_adapters_and_the_reference_is_the_base(tiny):
@@ -202,7 +202,7 @@ def test_lora_trains_only_adapters_and_the_reference_is_the_base(tiny):
     ref = lora_mod.make_reference(model)
     train, rl = _train_cfgs()
     learner = Learner(policy, ref, train, rl)
-    batch = learner.build_batch(_samples(policy))
+    batch = learner.build_batch(_samples(policy), 0.1)
     batch.advantages = torch.tensor([1.0, -1.0] * (batch.input_ids.shape[0] // 2))
     learner.update(batch, kl_coef=0.1, generator=torch.Generator().manual_seed(0))
     after = dict(model.named_parameters())
@@ -247,7 +247,7 @@ def test_sampling_and_recomputed_logprobs_both_see_the_adapters(tiny):
     policy = Policy(model, tok)
     samples = _samples(policy)
     learner = Learner(policy, lora_mod.make_reference(model), *_train_cfgs())
-    batch = learner.build_batch(samples)
+    batch = learner.build_batch(samples, 0.1)
     with torch.no_grad():
         recomputed, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.temperatures)
     mask = batch.loss_mask.bool()
@@ -287,7 +287,7 @@ def _grads_after_update(tiny_gguf, samples_of, agg: str, model_cfg: ModelConfig)
     train, rl = _train_cfgs()
     rl.loss_agg = agg
     learner = Learner(policy, lora_mod.make_reference(model), train, rl, model_cfg)
-    batch = learner.build_batch(samples_of(policy))
+    batch = learner.build_batch(samples_of(policy), 0.1)
     batch.advantages = torch.linspace(-1.0, 1.0, batch.input_ids.shape[0])
     learner.update(batch, kl_coef=0.1, generator=torch.Generator().manual_seed(0))
     # one minibatch, so .grad holds exactly that minibatch's accumulated gradient
@@ -345,7 +345,7 @@ def test_gradient_checkpointing_recomputes_layers_and_keeps_the_gradient(tiny_gg
 
 
 def test_chat_arith_grades_the_last_integer_of_a_finished_reply():
-    from postrl.tasks import make_domain
+    from postrl.tasks.catalog import make_domain
 
     d = make_domain("chat_arith", {"levels": [3]}, 0)
     task = d.sample(random.Random(0))
@@ -362,7 +362,7 @@ def test_chat_arith_grades_the_last_integer_of_a_finished_reply():
 
 
 def test_chat_count_keeps_reasoning_gyms_problems_and_grades_the_last_integer():
-    from postrl.tasks import make_domain
+    from postrl.tasks.catalog import make_domain
 
     d = make_domain("chat_count", {"levels": [0], "heldout_size": 20}, 0)
     rg = make_domain("rg:letter_counting", {"levels": [0], "heldout_size": 20}, 0)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from postrl.checkpoint import CheckpointManager
-from postrl.store import read_rows
+from postrl.store.rollouts import read_rows
 
 ARGS = [
     "train.total_steps=6", "checkpoint.every_steps=2", "checkpoint.keep_last=1",

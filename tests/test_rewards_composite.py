@@ -7,8 +7,9 @@ import pytest
 from postrl.config import load_config
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
-from postrl.rewards.composite import apply_terms, available_terms, register_term, unregister_term
+from postrl.rewards.composite import apply_terms
 from postrl.rewards.format import boxed_answer, follows_think_answer, tagged_answer
+from postrl.rewards.terms import TERMS, register_term
 
 RECIPE = """
 domains:
@@ -103,7 +104,7 @@ def test_a_term_that_cannot_verify_marks_the_sample():
         assert "flaky_test_term: timeout deadline" in out[0].detail
         assert [s.reward for s in out] == [1.0, 2.0]
     finally:
-        unregister_term("flaky_test_term")
+        TERMS.remove("flaky_test_term")
 
 
 def test_math_term_uses_the_math_verifier():
@@ -116,9 +117,12 @@ def test_math_term_uses_the_math_verifier():
 
 
 def test_builtin_terms_registered():
-    assert {"format_boxed", "format_answer_tag", "format_think_answer", "overlong", "math"} <= set(
-        available_terms()
-    )
+    assert {"format_boxed", "format_answer_tag", "format_think_answer", "overlong", "math"} <= set(TERMS.names())
+
+
+def test_the_own_reward_name_is_reserved():
+    with pytest.raises(ValueError, match="reserved"):
+        register_term("reward")
 
 
 @pytest.mark.parametrize(
@@ -146,7 +150,5 @@ def test_answer_tags():
 
 def test_length_term_is_characters_over_ten_capped_at_one():
     from postrl.records import Response
-    from postrl.rewards.composite import get_term
-
-    values = get_term("length")([None] * 3, [Response("", "stop"), Response("12345", "stop"), Response("x" * 40, "length")])
+    values = TERMS.get("length")([None] * 3, [Response("", "stop"), Response("12345", "stop"), Response("x" * 40, "length")])
     assert list(values) == [0.0, 0.5, 1.0]

@@ -10,7 +10,7 @@ import pytest
 
 from postrl.errors import UserError
 from postrl.records import Response
-from postrl.tasks import available_domains, make_domain
+from postrl.tasks.catalog import available_domains, make_domain
 from postrl.tasks.rgym import EVAL_SCORED, RG_DATASETS
 
 

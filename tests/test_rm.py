@@ -12,7 +12,7 @@ from transformers import AutoModelForSequenceClassification
 
 from postrl.cli import main
 from postrl.records import Response, Task
-from postrl.rewards.composite import apply_terms, unregister_term
+from postrl.rewards.composite import apply_terms
 from postrl.rewards.rm import (
     RewardModel,
     is_sorted_answer,
@@ -22,6 +22,7 @@ from postrl.rewards.rm import (
     register_rm_term,
     split_pairs,
 )
+from postrl.rewards.terms import TERMS
 
 SHIPPED = Path(__file__).resolve().parents[1] / "postrl" / "data" / "prefs_sorted.jsonl"
 
@@ -92,7 +93,7 @@ def test_reward_model_as_a_reward_term(trained):
         wins = sum(g.reward > b.reward for g, b in zip(good, bad)) / len(fresh)
         assert wins >= 0.7
     finally:
-        unregister_term("rm_sorted_test")
+        TERMS.remove("rm_sorted_test")
 
 
 def test_rm_train_rejects_bad_pairs(tmp_path, capsys):

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from postrl.models import load_model
 from postrl.policy import rollout
 from postrl.policy.fastlm import FastLM
 from postrl.policy.logprobs import token_logprobs
-from postrl.policy.model import load_model
 from postrl.policy.rollout import GenParams, generate
 
 TEXTS = ["1+2=", "47+38=", "3=", "123+456+7=", "9*9=", "60-17="]

@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from postrl.sandbox import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
 
 
 def _pool(**kw) -> SandboxPool:

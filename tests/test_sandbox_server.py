@@ -14,9 +14,9 @@ from sandbox_fusion import RunCodeRequest, RunStatus, run_code
 from sandbox_fusion.models import CommandRunStatus
 
 from postrl.cli import main as cli_main
-from postrl.sandbox import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.sandbox.client import RemoteSandbox
 from postrl.sandbox.judge import CodeJudge, CodeProblem
+from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.sandbox.server import SandboxServer
 
 

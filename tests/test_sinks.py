@@ -10,7 +10,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from postrl.errors import UserError
-from postrl.monitor.sinks import JsonlSink, TensorBoardSink, available_sinks, make_sinks, read_metrics
+from postrl.monitor.sinks import SINKS, JsonlSink, TensorBoardSink, make_sinks, read_metrics
 
 STEP_METRICS = {"reward/mean": 0.5, "reward/arith": 0.25, "kl/mean": 0.01, "loss": 1.5}
 
@@ -83,9 +83,12 @@ def test_make_sinks_always_has_jsonl_and_fans_out(tmp_path):
 
 
 def test_unknown_sink_is_a_user_error(tmp_path):
-    assert {"jsonl", "tensorboard", "mlflow", "wandb"} <= set(available_sinks())
-    with pytest.raises(UserError, match="unknown metric sink 'tensorbord'.*tensorboard"):
+    assert {"jsonl", "tensorboard", "mlflow", "wandb"} <= set(SINKS.names())
+    with pytest.raises(UserError) as e:
         make_sinks(tmp_path, ["tensorbord"])
+    assert str(e.value) == ("config key 'monitor.sinks' = 'tensorbord': unknown metric sink; did you mean "
+                            "'tensorboard'? (expected one of: jsonl, mlflow, tensorboard, wandb)")
+    assert not (tmp_path / "metrics.jsonl").exists()  # checked before any sink opened a file
 
 
 @pytest.mark.parametrize("name", ["mlflow", "wandb"])

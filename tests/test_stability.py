@@ -56,7 +56,7 @@ def test_rollback_restores_the_checkpoint_and_lowers_the_learning_rate(tiny_mode
 
 
 def test_multi_temperature_sampling_stores_each_samples_temperature(tiny_model_dir, tmp_path):
-    from postrl.store import read_rows
+    from postrl.store.rollouts import read_rows
 
     run_dir = tmp_path / "run"
     assert main(_args(tiny_model_dir, run_dir, "train.total_steps=1", "train.temperatures=[0.5,1.0]")) == 0

@@ -17,8 +17,8 @@ import pytest
 
 from postrl import cli
 from postrl.errors import UserError
-from postrl.store import VIEWS, RolloutRow, RolloutStore, query, query_view, read_rows, shard_steps
-from postrl.store.rollouts import SCHEMA
+from postrl.store.query import VIEWS, query, query_view
+from postrl.store.rollouts import SCHEMA, RolloutRow, RolloutStore, read_rows, shard_steps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -211,7 +211,7 @@ def test_replay_trains_on_stored_rollouts(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
     from postrl.cli import main
-    from postrl.store import read_rows
+    from postrl.store.rollouts import read_rows
 
     common = [f"model.name={tiny_model_dir}", "train.total_steps=2", "train.prompts_per_step=4",
               "train.samples_per_prompt=4", "rl.entropy_coef=0.01", "eval.num_problems=4",
@@ -235,8 +235,11 @@ def test_replay_trains_on_stored_rollouts(tiny_model_dir, tmp_path):
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_replay_of_a_run_without_rollouts_is_a_user_error(tmp_path, capsys):
+def test_replay_of_a_run_without_rollouts_is_a_user_error(tiny_model_dir, tmp_path, capsys):
     from postrl.cli import main
 
-    assert main(["train", "recipes/default.yaml", f"pipeline.source=replay:{tmp_path}", "run.progress=false"]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'run'}",
+                 f"pipeline.source=replay:{empty}", "run.progress=false"]) == 2
     assert "no rollouts under" in capsys.readouterr().err

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from postrl.algo.registry import Registry
+from postrl.registry import Registry
 
-ADVANTAGES = Registry("advantage estimator")
+ADVANTAGES = Registry("advantage estimator", key="rl.advantage")
 register_advantage = ADVANTAGES.register
 
 
@@ -36,3 +36,27 @@ def rloo(rewards: torch.Tensor, scale_by_std: bool = False, eps: float = 1e-6) -
     if scale_by_std:
         adv = adv / (rewards.std(dim=-1, keepdim=True) + eps)
     return adv
+
+
+def fill_unverified(rewards: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
+    """rewards, verified: [G, N]. Unverified entries take the mean of their group's verified ones (0 if none)."""
+    v = verified.float()
+    group_mean = (rewards * v).sum(-1, keepdim=True) / v.sum(-1, keepdim=True).clamp(min=1)  # [G, 1]
+    return torch.where(verified, rewards, group_mean.expand_as(rewards))
+
+
+def group_advantages(
+    estimator, rewards: torch.Tensor, verified: torch.Tensor, penalty: torch.Tensor | None, scale_by_std: bool,
+) -> torch.Tensor:
+    """rewards, verified: [G, N]; penalty: [G*N] or None -> advantages [G*N].
+
+    A sample the verifier could not grade (timeout, error) is no evidence either way: it gets its
+    group's mean verified reward for the baseline and exactly zero advantage. `penalty` (the KL
+    to the reference when it goes into the reward, PPO-RLHF style) is subtracted after that fill.
+    """
+    n = rewards.shape[-1]
+    filled = fill_unverified(rewards, verified).flatten()  # [B]
+    if penalty is not None:
+        filled = filled - penalty
+    adv = estimator(filled.view(-1, n), scale_by_std=scale_by_std).flatten()  # [B]
+    return torch.where(verified.flatten(), adv, torch.zeros_like(adv))

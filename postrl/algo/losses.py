@@ -1,4 +1,5 @@
-"""Policy losses, KL estimators and entropy, as pure functions of per-token tensors.
+"""Policy losses, KL estimators and loss aggregations, as pure functions of per-token tensors,
+each registered by the name a recipe gives it (`rl.loss`, `rl.kl_estimator`, `rl.loss_agg`).
 
 Shapes: B completions, T token positions; `mask` [B, T] is 1 on completion tokens.
 """
@@ -9,25 +10,33 @@ from dataclasses import dataclass
 
 import torch
 
-from postrl.algo.registry import Registry
+from postrl.registry import Registry
 
-LOSSES = Registry("policy loss")
+LOSSES = Registry("policy loss", key="rl.loss")
 register_loss = LOSSES.register
+KL_ESTIMATORS = Registry("KL estimator", key="rl.kl_estimator")
+"""Name -> per-token estimate of KL(policy || reference) from log r = ref_logp - logp, [B, T] -> [B, T]."""
+LOSS_AGGREGATIONS = Registry("loss aggregation", key="rl.loss_agg")
+"""Name -> reduction of per-token values [B, T] over the masked tokens to a scalar."""
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """Reduce [B, T] to a scalar over masked tokens.
+    """Reduce [B, T] to a scalar over masked tokens with the aggregation named `mode`."""
+    return LOSS_AGGREGATIONS.get(mode)(values, mask)
 
-    token-mean: every token in the batch weighs the same, so long completions count in proportion
-      to their length (DAPO's choice; avoids GRPO's bias toward short correct / long wrong answers).
-    seq-mean-token-mean: average within each completion, then across completions (original GRPO).
-    """
-    if mode == "token-mean":
-        return (values * mask).sum() / mask.sum().clamp(min=1)
-    if mode == "seq-mean-token-mean":
-        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
-        return per_seq.mean()
-    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+@LOSS_AGGREGATIONS.register("token-mean")
+def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Every token in the batch weighs the same, so long completions count in proportion to their
+    length (DAPO's choice; avoids GRPO's bias toward short correct / long wrong answers)."""
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Average within each completion, then across completions (original GRPO)."""
+    per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
+    return per_seq.mean()
 
 
 @dataclass
@@ -80,15 +89,23 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
       k2 = (log r)^2 / 2         biased, low variance, gradient matches the true KL's to first order
       k3 = (r - 1) - log r       unbiased and always >= 0 (Schulman, "Approximating KL divergence")
     """
-    log_r = ref_logp - logp
-    if estimator == "k1":
-        return -log_r
-    if estimator == "k2":
-        return 0.5 * log_r**2
-    if estimator == "k3":
-        # clamp keeps exp() finite when the policy has moved far from the reference
-        return torch.exp(log_r.clamp(max=20.0)) - 1 - log_r
-    raise ValueError(f"unknown KL estimator {estimator!r}")
+    return KL_ESTIMATORS.get(estimator)(ref_logp - logp)
+
+
+@KL_ESTIMATORS.register("k1")
+def k1(log_r: torch.Tensor) -> torch.Tensor:
+    return -log_r
+
+
+@KL_ESTIMATORS.register("k2")
+def k2(log_r: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_r**2
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(log_r: torch.Tensor) -> torch.Tensor:
+    # clamp keeps exp() finite when the policy has moved far from the reference
+    return torch.exp(log_r.clamp(max=20.0)) - 1 - log_r
 
 
 def truncated_is_weight(prox_logp: torch.Tensor, behav_logp: torch.Tensor, cap: float) -> torch.Tensor:

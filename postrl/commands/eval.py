@@ -21,11 +21,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from postrl.errors import UserError
+    from postrl.errors import ConfigError, UserError
     from postrl.evaluate import evaluate
-    from postrl.policy.model import load_model
+    from postrl.models import load_model
     from postrl.policy.policy import Policy
-    from postrl.tasks.base import UnknownDomainError, make_domain
+    from postrl.tasks.catalog import make_domain
 
     try:
         ks = [int(k) for k in args.k.split(",")]
@@ -38,8 +38,8 @@ def run(args) -> int:
         model_path = str(Path(model_path) / "final")
     try:
         domains = {name: make_domain(name, {}, args.seed) for name in args.domains.split(",")}
-    except UnknownDomainError as e:
-        raise UserError(e.args[0]) from None
+    except ConfigError as e:
+        raise UserError(f"--domains {args.domains}: {e}") from None
     log = (lambda *a: None) if args.json else print
     model, tok = load_model(model_path, log=log)
     result = evaluate(

@@ -12,8 +12,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from postrl.config import load_config
+    from postrl.names import check_names
 
     cfg = load_config(args.recipe, args.overrides)
+    check_names(cfg)
     t = cfg.train
     completions = t.prompts_per_step * t.samples_per_prompt
     per_mb = completions // t.minibatches

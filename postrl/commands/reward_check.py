@@ -39,13 +39,17 @@ def load_examples(path: str):
 
 
 def reward_function(name: str):
-    from postrl.rewards.composite import get_term
+    from postrl.errors import ConfigError, UserError
+    from postrl.rewards.composite import TERMS  # from composite: its import registers the built-in terms
 
     if name.startswith("rm:"):
         from postrl.rewards.rm import register_rm_term
 
         register_rm_term(name, name[3:])
-    return get_term(name)
+    try:
+        return TERMS.get(name)
+    except ConfigError as e:
+        raise UserError(f"--reward: {e}") from None
 
 
 def run(args) -> int:

@@ -48,7 +48,7 @@ def _common(p) -> None:
 
 
 def _pool(args, **extra):
-    from postrl.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
+    from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
 
     cfg = SandboxConfig(workers=args.workers, memory_mb=args.memory_mb, allow_unisolated=args.allow_unisolated,
                         **extra)

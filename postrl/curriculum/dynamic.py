@@ -8,7 +8,7 @@ or until `max_extra_draws` extra rounds have been spent:
     fill = fill_batch(samples, draw, group_size=8, max_extra_draws=3, minibatches=2)
     fill.kept     # groups with reward spread only, renumbered 0..K-1, K <= the original count
     fill.drawn    # every group drawn this step (for the curriculum's pass rates), groups numbered
-                  # uniquely across rounds
+                  # uniquely across rounds (renumbered on copies: the drawn samples are not modified)
     fill.metrics()
 
 `draw(k, round)` samples and scores k more prompts (`round` = 1, 2, ...: the caller seeds each
@@ -96,8 +96,8 @@ def fill_batch(
 def _absorb(result: FillResult, kept: list[list[Sample]], samples: list[Sample], group_size: int) -> None:
     offset = len(result.drawn) // group_size
     for i, group in enumerate(split_groups(samples, group_size)):
-        for s in group:
-            s.group = offset + i  # unique across rounds, so the curriculum sees each group once
+        if group[0].group != offset + i:  # unique across rounds, so the curriculum sees each group once
+            group = [dataclasses.replace(s, group=offset + i) for s in group]
         result.drawn.extend(group)
         if has_signal(group):
             kept.append(group)

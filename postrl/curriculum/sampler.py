@@ -2,10 +2,10 @@
 
     sampler = TaskSampler(domains, seed)
     tasks = sampler.next_batch(32, {"arith": 0.7, "code": 0.3})
-    tasks = sampler.next_batch(32, weights, levels={"arith": 3}, task_weight=schedule.task_weight)
+    tasks = sampler.next_batch(32, schedule.weights, schedule.task_weight)
 
-Each prompt's domain is drawn independently by weight, then a problem from that domain (at the
-given level, if any). With `task_weight`, a drawn problem is kept with that probability and
+Each prompt's domain is drawn independently by weight, then a problem from that domain (from any
+of its levels: the curriculum weighs and gates levels through `task_weight`). With `task_weight`, a drawn problem is kept with that probability and
 redrawn otherwise (rejection sampling: the curriculum's per-problem weights without enumerating
 the problems). The draw is seeded and its state is part of a checkpoint, so a resumed run draws
 exactly the prompts the uninterrupted run would have.
@@ -30,20 +30,18 @@ class TaskSampler:
         self.rng = random.Random(seed)
 
     def next_batch(
-        self, n: int, domain_weights: dict[str, float], levels: dict[str, int] | None = None,
-        task_weight: Callable[[Task], float] | None = None,
+        self, n: int, domain_weights: dict[str, float], task_weight: Callable[[Task], float] | None = None,
     ) -> list[Task]:
         names = list(self.domains)
         weights = [max(domain_weights.get(name, 0.0), 0.0) for name in names]
         if sum(weights) <= 0:
             raise ValueError(f"all domain weights are zero: {domain_weights}")
         picks = self.rng.choices(names, weights=weights, k=n)
-        levels = levels or {}
-        return [self._draw(self.domains[name], levels.get(name), task_weight) for name in picks]
+        return [self._draw(self.domains[name], task_weight) for name in picks]
 
-    def _draw(self, domain: Domain, level: int | None, task_weight: Callable[[Task], float] | None) -> Task:
+    def _draw(self, domain: Domain, task_weight: Callable[[Task], float] | None) -> Task:
         for _ in range(MAX_REDRAWS):
-            task = domain.sample(self.rng, level)
+            task = domain.sample(self.rng, None)
             w = 1.0 if task_weight is None else task_weight(task)
             # weight 1 draws no random number, so a schedule that keeps everything leaves the
             # random stream (and every resumed run) exactly as without a curriculum

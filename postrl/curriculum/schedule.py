@@ -1,11 +1,13 @@
-"""Curriculum schedules: once per step `weights = schedule.update(step, samples, weights)`, and
-between steps the schedule tells the sampler what to draw:
+"""Curriculum schedules: once per step `schedule.update(step, samples)` with every group drawn,
+and between steps the schedule tells the sampler what to draw:
 
-    tasks = sampler.next_batch(n, weights, schedule.levels(), schedule.task_weight)
+    tasks = sampler.next_batch(n, schedule.weights, schedule.task_weight)
 
-`fixed` keeps the recipe's weights and levels. `learnability` moves compute to what is learnable
-now (below). Schedules are registered by name and carry their whole state in `state_dict()`, so
-a checkpoint restores them exactly.
+A schedule owns the curriculum's state: the domain weights of the next draw (`weights`), and
+whatever it keeps to decide them and each problem's keep-probability (`task_weight`). `fixed`
+keeps the recipe's weights. `learnability` moves compute to what is learnable now (below).
+Schedules are registered by name and carry their whole state in `state_dict()`, so a checkpoint
+restores them exactly.
 
 ## Why learnability, and which
 
@@ -48,53 +50,52 @@ a small weight, which doubles as review against forgetting.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from postrl.config import CurriculumConfig
 from postrl.curriculum.tracker import PassRates, group_outcomes
 from postrl.records import Sample, Task
+from postrl.registry import Registry
 
-SCHEDULES: dict[str, Callable] = {}
+SCHEDULES = Registry("curriculum schedule", key="curriculum.schedule")
 UNSEEN_LEARNABILITY = 1 / 6
 """E[p(1-p)] under the uniform prior: the value a problem with no record has."""
 
 
-def register_schedule(name: str) -> Callable:
-    def deco(cls):
-        SCHEDULES[name] = cls
-        return cls
-
-    return deco
+register_schedule = SCHEDULES.register
 
 
 def make_schedule(settings: CurriculumConfig, weights: dict[str, float], levels: dict[str, list[int]]):
     """The configured schedule, starting from the recipe's domain weights; `levels` are each
     domain's difficulty levels, easiest first."""
-    return SCHEDULES[settings.schedule](weights, levels=levels, settings=settings)
+    return SCHEDULES.get(settings.schedule)(weights, levels=levels, settings=settings)
 
 
 @register_schedule("fixed")
 class FixedSchedule:
+    """The recipe's domain weights, every problem and level of each domain kept as drawn."""
+
     def __init__(self, weights: dict[str, float], **_):
         self.weights = dict(weights)
 
-    def update(self, step: int, samples: list, weights: dict[str, float]) -> dict[str, float]:
-        return self.weights
-
-    def levels(self) -> dict[str, int]:
-        return {}  # the domains draw from all their configured levels
+    def update(self, step: int, samples: list) -> None:
+        pass
 
     def task_weight(self, task: Task) -> float:
         return 1.0
 
     def metrics(self) -> dict[str, float]:
-        return {}
+        return weight_metrics(self.weights)
 
     def state_dict(self) -> dict:
         return {"weights": self.weights}
 
     def load_state_dict(self, state: dict) -> None:
         self.weights = dict(state["weights"])
+
+
+def weight_metrics(weights: dict[str, float]) -> dict[str, float]:
+    """`curriculum/weight/NAME`: each domain's share of the next draw."""
+    total = sum(weights.values())
+    return {f"curriculum/weight/{name}": w / total for name, w in weights.items()}
 
 
 def expected_learnability(attempts: int, successes: int) -> float:
@@ -117,6 +118,8 @@ def domain_shares(base: dict[str, float], learnability: dict[str, float], floor:
 class LearnabilitySchedule:
     def __init__(self, weights: dict[str, float], levels: dict[str, list[int]], settings: CurriculumConfig):
         self.base = dict(weights)
+        self.weights = dict(weights)
+        """Domain weights of the next draw: the recipe's until the first update."""
         self.domain_levels = {d: sorted(lv) for d, lv in levels.items()}
         self.s = settings
         self.rates = PassRates(settings.window_groups, settings.problem_window_groups, settings.max_tracked_problems)
@@ -124,7 +127,7 @@ class LearnabilitySchedule:
         self.parked: dict[str, int] = {}  # task id -> step it was (re-)parked at
         self.step = 0  # the step the sampler is drawing for
 
-    def update(self, step: int, samples: list[Sample], weights: dict[str, float]) -> dict[str, float]:
+    def update(self, step: int, samples: list[Sample]) -> None:
         outcomes = group_outcomes(samples)
         self.rates.record(outcomes)
         for o in outcomes:
@@ -132,7 +135,7 @@ class LearnabilitySchedule:
         for domain in self.level_index:
             self._maybe_level_up(domain)
         self.step = step + 1
-        return domain_shares(self.base, self._learnability(), self.s.domain_floor)
+        self.weights = domain_shares(self.base, self._learnability(), self.s.domain_floor)
 
     def _park_or_release(self, task_id: str, step: int) -> None:
         attempts, successes = self.rates.problem(task_id)
@@ -156,9 +159,6 @@ class LearnabilitySchedule:
             value = self.rates.domain_learnability(d)
             out[d] = 0.25 if value is None else value
         return out
-
-    def levels(self) -> dict[str, int]:
-        return {}  # domains draw from all their levels; `task_weight` weighs and gates them
 
     def frontier(self) -> dict[str, int]:
         """Each multi-level domain's easiest level not yet mastered (its top level once all are)."""
@@ -188,7 +188,7 @@ class LearnabilitySchedule:
         return learn[task.level] / max(learn.values())
 
     def metrics(self) -> dict[str, float]:
-        m: dict[str, float] = {"curriculum/parked": float(len(self.parked))}
+        m: dict[str, float] = weight_metrics(self.weights) | {"curriculum/parked": float(len(self.parked))}
         learn = self._learnability()
         for d in self.base:
             m[f"curriculum/learnability/{d}"] = learn[d]
@@ -201,10 +201,11 @@ class LearnabilitySchedule:
 
     def state_dict(self) -> dict:
         return {"rates": self.rates.state_dict(), "level_index": dict(self.level_index),
-                "parked": dict(self.parked), "step": self.step}
+                "parked": dict(self.parked), "step": self.step, "weights": dict(self.weights)}
 
     def load_state_dict(self, state: dict) -> None:
         self.rates.load_state_dict(state["rates"])
         self.level_index = dict(state["level_index"])
         self.parked = dict(state["parked"])
         self.step = state["step"]
+        self.weights = dict(state["weights"])

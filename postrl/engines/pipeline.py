@@ -3,8 +3,9 @@
 The loop hands each step's prompts to the engine and takes back scored samples:
 
     for ahead in engine.to_submit(step):        # `step` itself, or step + max_staleness once running
-        engine.submit(ahead, tasks, temps)      # the order carries the trainer's current weights
+        engine.submit(ahead, tasks)             # the order carries the trainer's current weights
     rollout = engine.take(step)                 # waits for that step's samples, scored
+    more = engine.resample(step, round, tasks)  # dynamic sampling's extra draws, sampled and scored now
 
 An order for step q is submitted at the start of trainer step q - K (K = pipeline.max_staleness)
 and samples with the weights the trainer has then: those after q - K steps. The trainer consumes
@@ -40,6 +41,16 @@ The draws do not depend on this (the batches and the generator's calls are those
 sampling, and the scorer only reads finished samples), and a sample's verdict does not depend on
 which others are graded with it; so samples and scores equal those of scoring after generation.
 The threaded engine also lets an order's last groups be graded while the next order samples.
+Dynamic sampling's extra draws for step q (`resample`) are orders too, run by the same engine
+the same way (per-group scoring included). They are sampled with the trainer's weights at the
+moment they are asked for (for K = 0 the step's own weights), with the generator stream
+(seed, q, 1 + round), and carry that policy version; so they are fresh samples whatever K is, and
+a resumed run draws them again exactly, without storing older weights in the checkpoint.
+
+Who fills what: the policy makes each `Sample`; `Pending.result` here is the one place that
+attaches its `score` and its `timings["reward_s"]`, from the scorer's answer (a scorer grades
+samples, or copies of them on another process, and returns scores; it sets nothing).
+
 Metrics: `time/reward_s` (scoring seconds, summed over chunks), `time/reward_overlap_s` (the part
 that ran while the order was still generating), `time/reward_tail_s` (wall time from the end of
 generation until everything was scored), `pipeline/score_chunks`.
@@ -59,7 +70,7 @@ import time
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -67,12 +78,8 @@ from postrl.config import Config
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.records import Sample, Score, Task
+from postrl.rewards.scoring import score_samples
 from postrl.seeding import step_generator
-from postrl.steps import score_samples
-
-if TYPE_CHECKING:
-    from postrl.policy.update import UpdateStats
-    from postrl.run import Run
 
 
 @dataclass
@@ -87,6 +94,12 @@ class Order:
     """policy.version of the weights to sample with."""
     weights: Any = None
     """Published weights of that version (engine-specific); None = the trainer's own model."""
+    stream: int = 0
+    """Generator stream of the (seed, step, stream) draw: 0 the step's batch, 1 + r extra round r."""
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.step, self.stream
 
 
 @dataclass
@@ -129,17 +142,43 @@ class Scorer(Protocol):
     def result(self, job: Any) -> Scored: ...
 
 
-def score_chunk(samples: list[Sample], domains, cfg: Config) -> Scored:
+def reward_terms(cfg: Config) -> dict[str, dict[str, float]]:
+    """{domain: {term: weight}}: the recipe's weighted reward terms per domain."""
+    return {name: d.reward for name, d in cfg.domains.items()}
+
+
+def score_chunk(samples: list[Sample], domains, terms: dict[str, dict[str, float]]) -> Scored:
     start = time.time()
-    score_samples(samples, domains, cfg)
-    return Scored([s.score for s in samples], [s.timings["reward_s"] for s in samples], start, time.time())
+    scores, seconds = score_samples(samples, domains, terms)
+    return Scored(scores, seconds, start, time.time())
+
+
+def attach_scores(samples: list[Sample], scored: Scored) -> None:
+    """Set each sample's `score` and `timings["reward_s"]` from a scorer's answer: the one place
+    that does (through `Pending.result`, or directly for samples scored outside an engine)."""
+    for s, score, reward_s in zip(samples, scored.scores, scored.reward_s):
+        s.score, s.timings["reward_s"] = score, reward_s
+
+
+def sample_temperatures(tasks: list[Task], cfg: Config) -> list[float]:
+    """One temperature per sample: train.temperatures cycles within each group (multi-temperature
+    sampling); otherwise the domain's own temperature, else train.temperature."""
+    temps = []
+    for task in tasks:
+        own = cfg.domains[task.domain].temperature if task.domain in cfg.domains else 0.0
+        for j in range(cfg.train.samples_per_prompt):
+            if cfg.train.temperatures:
+                temps.append(cfg.train.temperatures[j % len(cfg.train.temperatures)])
+            else:
+                temps.append(own or cfg.train.temperature)
+    return temps
 
 
 class LocalScorer:
     """A thread of this process that scores chunks in the order they are submitted."""
 
-    def __init__(self, domains, cfg: Config):
-        self.domains, self.cfg = domains, cfg
+    def __init__(self, domains, terms: dict[str, dict[str, float]]):
+        self.domains, self.terms = domains, terms
         self._jobs: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, name="rollout-score", daemon=True)
         self.thread.start()
@@ -156,7 +195,7 @@ class LocalScorer:
         while (item := self._jobs.get()) is not None:
             job, samples = item
             try:
-                job.set_result(score_chunk(samples, self.domains, self.cfg))
+                job.set_result(score_chunk(samples, self.domains, self.terms))
             except BaseException as e:  # raised where the rollout is collected
                 job.set_exception(e)
 
@@ -183,11 +222,11 @@ class Pending:
         return all(job.done() for _, job in self.jobs)
 
     def result(self) -> Rollout:
+        """The scored rollout: every chunk's scores attached to its samples (`attach_scores`)."""
         scored = []
         for chunk, job in self.jobs:
             sc = self.scorer.result(job)
-            for s, score, reward_s in zip(chunk, sc.scores, sc.reward_s):  # a scorer elsewhere graded copies
-                s.score, s.timings["reward_s"] = score, reward_s
+            attach_scores(chunk, sc)
             scored.append(sc)
         return Rollout(
             self.step, self.samples, self.end - self.start,
@@ -199,10 +238,11 @@ class Pending:
 
 
 def generate(policy: Policy, order: Order, cfg: Config, on_ready=None) -> list[Sample]:
-    """Sample an order with `policy` (the same call, and the same generator, as the synchronous loop)."""
+    """Sample an order with `policy`, from the generator (seed, step, stream): a lost order sampled
+    again, or a resumed run, makes the same draws."""
     t = cfg.train
     gen = GenParams(t.max_new_tokens, t.temperature, t.top_p)
-    return policy.sample(order.tasks, t.samples_per_prompt, gen, step_generator(cfg.seed, order.step, 0),
+    return policy.sample(order.tasks, t.samples_per_prompt, gen, step_generator(cfg.seed, order.step, order.stream),
                          order.temperatures, on_ready=on_ready)
 
 
@@ -219,13 +259,13 @@ def run_order(policy: Policy, order: Order, cfg: Config, scorer: Scorer) -> Pend
 class Pipeline:
     """Order bookkeeping shared by the engines: what was submitted, what is in flight, what is done,
     staleness metrics and checkpoint state. Subclasses say how an order is run (`_start`) and
-    waited for (`_wait`)."""
+    waited for (`_wait`). An engine knows the policy, the domains, the config and a log."""
 
-    def __init__(self, run: Run):
-        self.run, self.cfg = run, run.cfg
-        self.max_staleness = run.cfg.pipeline.max_staleness
-        self.total_steps = run.cfg.train.total_steps
-        self.updates_per_step = run.cfg.train.ppo_epochs * run.cfg.train.minibatches
+    def __init__(self, policy: Policy, domains: dict, cfg: Config, log=print):
+        self.policy, self.domains, self.cfg, self.log = policy, domains, cfg, log
+        self.max_staleness = cfg.pipeline.max_staleness
+        self.total_steps = cfg.train.total_steps
+        self.updates_per_step = cfg.train.ppo_epochs * cfg.train.minibatches
         self.submitted = -1
         """Highest step submitted so far."""
         self.in_flight: dict[int, Any] = {}
@@ -237,8 +277,8 @@ class Pipeline:
         """Steps whose orders go out at the start of `step`: up to step + max_staleness."""
         return range(max(self.submitted + 1, step), min(step + self.max_staleness, self.total_steps - 1) + 1)
 
-    def submit(self, step: int, tasks: list[Task], temperatures: list[float]) -> None:
-        order = Order(step, tasks, temperatures, self.run.policy.version)
+    def submit(self, step: int, tasks: list[Task]) -> None:
+        order = Order(step, tasks, sample_temperatures(tasks, self.cfg), self.policy.version)
         self.in_flight[step] = self._start(order)
         self.submitted = step
 
@@ -248,7 +288,7 @@ class Pipeline:
         ready = len(self.done) + sum(self._ready(h) for h in self.in_flight.values())
         rollout = self.done.pop(step, None) or self._wait(self.in_flight.pop(step))
         for event in rollout.events:
-            self.run.log(event)
+            self.log(event)
         self._step_metrics = self._staleness(rollout.samples) | {
             "pipeline/wait_s": time.perf_counter() - t0, "pipeline/ready_batches": float(ready),
             "pipeline/score_chunks": float(rollout.chunks),
@@ -257,8 +297,17 @@ class Pipeline:
         }
         return rollout
 
-    def metrics(self, stats: UpdateStats) -> dict[str, float]:
-        return self._step_metrics | stats.offpolicy
+    def resample(self, step: int, round_: int, tasks: list[Task]) -> Rollout:
+        """Dynamic sampling's extra round `round_` (1, 2, ...) for `step`: sampled now with the
+        trainer's weights and scored, by this engine, as any order."""
+        order = Order(step, tasks, sample_temperatures(tasks, self.cfg), self.policy.version, stream=1 + round_)
+        rollout = self._wait(self._start(order))
+        for event in rollout.events:
+            self.log(event)
+        return rollout
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._step_metrics)
 
     # -- checkpoint state
     def state_dict(self) -> dict:
@@ -291,7 +340,7 @@ class Pipeline:
 
     def _staleness(self, samples: list[Sample]) -> dict[str, float]:
         """Trainer steps between each sample's weights and the weights about to train on it."""
-        lag = [(self.run.policy.version - s.policy_version) / self.updates_per_step for s in samples]
+        lag = [(self.policy.version - s.policy_version) / self.updates_per_step for s in samples]
         if max(lag) > self.max_staleness:  # cannot happen by construction; a bug if it does
             raise RuntimeError(f"staleness {max(lag)} over the bound {self.max_staleness}")
         counts = Counter(round(x) for x in lag)
@@ -306,15 +355,15 @@ class InlineEngine(Pipeline):
     This is the synchronous loop; no copy of the model. Finished groups are graded by a scoring
     thread while the rest of the batch is generated (`run_order`)."""
 
-    def __init__(self, run: Run):
-        super().__init__(run)
-        self.scorer = LocalScorer(run.domains, run.cfg)
+    def __init__(self, policy: Policy, domains: dict, cfg: Config, log=print):
+        super().__init__(policy, domains, cfg, log)
+        self.scorer = LocalScorer(domains, reward_terms(cfg))
 
     def _start(self, order: Order) -> Order:
         return order
 
     def _wait(self, order: Order) -> Rollout:
-        return run_order(self.run.policy, order, self.cfg, self.scorer).result()
+        return run_order(self.policy, order, self.cfg, self.scorer).result()
 
     def close(self) -> None:
         self.scorer.close()
@@ -329,37 +378,37 @@ class ThreadedEngine(Pipeline):
     oversubscribe the cores. At most max_staleness + 1 orders are ever outstanding: that is the
     queue's bound."""
 
-    def __init__(self, run: Run, split_cores: bool = True):
-        super().__init__(run)
+    def __init__(self, policy: Policy, domains: dict, cfg: Config, log=print, split_cores: bool = True):
+        super().__init__(policy, domains, cfg, log)
         self._torch_threads = torch.get_num_threads()
         if split_cores:  # the trainer and the sampling thread each get half (scoring is light)
             torch.set_num_threads(max(1, self._torch_threads // 2))
-        model = copy.deepcopy(run.policy.model).eval()
+        model = copy.deepcopy(policy.model).eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        self.rollout_policy = Policy(model, run.policy.tok, run.policy.max_batch)
+        self.rollout_policy = Policy(model, policy.tok, policy.max_batch)
         self._loaded: dict | None = None  # the published weights the rollout model holds now
         self._published: tuple[int, dict] | None = None
         self._orders: queue.Queue = queue.Queue()
-        self._results: dict[int, Pending | BaseException] = {}
+        self._results: dict[tuple[int, int], Pending | BaseException] = {}  # by order key
         self._epoch = 0  # bumped by _discard: results of older epochs are dropped
         self._cond = threading.Condition()
-        self.scorer = LocalScorer(run.domains, run.cfg)
+        self.scorer = LocalScorer(domains, reward_terms(cfg))
         self._threads = [threading.Thread(target=self._generate_loop, name="rollout-generate", daemon=True),
                          self.scorer.thread]
         self._threads[0].start()
 
-    def _start(self, order: Order) -> int:
+    def _start(self, order: Order) -> tuple[int, int]:
         order.weights = self._publish()
         self._orders.put((self._epoch, order))
-        return order.step
+        return order.key
 
     def _publish(self) -> dict[str, torch.Tensor]:
         """A frozen copy of the trainer's weights, once per version: orders submitted between two
         updates share it, and the trainer's next in-place update does not touch it."""
-        version = self.run.policy.version
+        version = self.policy.version
         if self._published is None or self._published[0] != version:
-            weights = {k: v.detach().clone() for k, v in self.run.policy.model.state_dict().items()}
+            weights = {k: v.detach().clone() for k, v in self.policy.model.state_dict().items()}
             self._published = (version, weights)
         return self._published[1]
 
@@ -372,30 +421,30 @@ class ThreadedEngine(Pipeline):
                     self._loaded = order.weights
                 self.rollout_policy.version = order.version
                 # delivered generated; its last groups may still be scoring while the next order samples
-                self._deliver(epoch, order.step, run_order(self.rollout_policy, order, self.cfg, self.scorer))
+                self._deliver(epoch, order.key, run_order(self.rollout_policy, order, self.cfg, self.scorer))
             except BaseException as e:  # handed to the trainer, which raises it at take()
-                self._deliver(epoch, order.step, e)
+                self._deliver(epoch, order.key, e)
 
-    def _deliver(self, epoch: int, step: int, result: Pending | BaseException) -> None:
+    def _deliver(self, epoch: int, key: tuple[int, int], result: Pending | BaseException) -> None:
         with self._cond:
             if epoch == self._epoch:
-                self._results[step] = result
+                self._results[key] = result
                 self._cond.notify_all()
 
-    def _wait(self, step: int) -> Rollout:
+    def _wait(self, key: tuple[int, int]) -> Rollout:
         with self._cond:
-            self._cond.wait_for(lambda: step in self._results)
-            result = self._results.pop(step)
+            self._cond.wait_for(lambda: key in self._results)
+            result = self._results.pop(key)
         try:
             if isinstance(result, BaseException):
                 raise result
             return result.result()
         except BaseException as e:
-            raise RuntimeError(f"rollout of step {step} failed") from e
+            raise RuntimeError(f"rollout of step {key[0]} failed") from e
 
-    def _ready(self, step: int) -> bool:
+    def _ready(self, key: tuple[int, int]) -> bool:
         with self._cond:
-            result = self._results.get(step)
+            result = self._results.get(key)
         return isinstance(result, BaseException) or (result is not None and result.done())
 
     def _discard(self) -> None:
@@ -411,14 +460,9 @@ class ThreadedEngine(Pipeline):
         torch.set_num_threads(self._torch_threads)
 
 
-def make_local_engine(run: Run) -> Pipeline:
-    """engine: local. max_staleness 0 runs inline (the synchronous loop); above, rollout threads;
-    with pipeline.source=replay:RUN_DIR, a stored run's rollouts instead of sampling."""
-    from postrl.engines.replay import ReplayEngine, replay_dir
-
-    source = replay_dir(run.cfg.pipeline.source)
-    if source is not None:
-        return ReplayEngine(run, source)
-    if run.cfg.pipeline.max_staleness == 0:
-        return InlineEngine(run)
-    return ThreadedEngine(run)
+def make_local_engine(policy: Policy, domains: dict, cfg: Config, log=print) -> Pipeline:
+    """engine: local. max_staleness 0 runs inline (the synchronous loop); above, rollout threads.
+    (pipeline.source=replay:RUN_DIR replays a stored run instead: `postrl.engines.replay`.)"""
+    if cfg.pipeline.max_staleness == 0:
+        return InlineEngine(policy, domains, cfg, log)
+    return ThreadedEngine(policy, domains, cfg, log)

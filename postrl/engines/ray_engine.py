@@ -30,20 +30,16 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 import torch
 
 from postrl.config import Config
-from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, run_order, score_chunk
+from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, reward_terms, run_order, score_chunk
 from postrl.engines.ray_sandbox import RaySandbox, start_sandbox_actor
 from postrl.policy.policy import Policy
 from postrl.records import Sample
-
-if TYPE_CHECKING:
-    from postrl.policy.update import UpdateStats
-    from postrl.run import Run
 
 
 class RayScorer:
@@ -83,12 +79,9 @@ class RewardWorker:
     """The run's domains (verifiers, reward models; the sandbox through its actor), scoring chunks."""
 
     def __init__(self, cfg: Config, sandboxes: dict[str, RaySandbox]):
-        from postrl.rewards.rm import register_rm_term
-        from postrl.run import build_domains
+        from postrl.tasks.catalog import build_domains  # with the run's reward-model terms, as the trainer's
 
         torch.set_num_threads(1)
-        for term, model_dir in cfg.reward_models.items():
-            register_rm_term(term, model_dir)
         self.cfg, self.domains, self.sandboxes = cfg, build_domains(cfg), sandboxes
         for name, backend in sandboxes.items():
             self.domains[name].use_sandbox(backend)
@@ -97,7 +90,7 @@ class RewardWorker:
         return True
 
     def score(self, samples: list[Sample]) -> Scored:
-        scored = score_chunk(samples, self.domains, self.cfg)
+        scored = score_chunk(samples, self.domains, reward_terms(self.cfg))
         scored.events = tuple(e for b in self.sandboxes.values() for e in b.drain_events())
         return scored
 
@@ -110,21 +103,21 @@ class Flight:
 
 
 class RayEngine(Pipeline):
-    def __init__(self, run: Run):
-        super().__init__(run)
-        r = run.cfg.ray
+    def __init__(self, policy: Policy, domains: dict, cfg: Config, log=print):
+        super().__init__(policy, domains, cfg, log)
+        r = cfg.ray
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:  # else the caller's cluster (tests share one per module)
             ray.init(address=r.address or None, num_cpus=(r.num_cpus or None) if not r.address else None,
                      include_dashboard=False, log_to_driver=False)
-        model = copy.deepcopy(run.policy.model)
+        model = copy.deepcopy(policy.model)
         for p in model.parameters():
             p.requires_grad_(False)
         self._model_ref = ray.put(model)  # one copy in the object store, shared by every (re)started worker
         self._actor = ray.remote(num_cpus=1)(RolloutWorker), ray.remote(num_cpus=0)(RewardWorker)
         self.sandbox_actors, self.sandboxes = self._start_sandboxes()
         self.workers = [self._new_worker() for _ in range(r.rollout_workers)]
-        self.scorer = self._actor[1].remote(run.cfg, self.sandboxes)
+        self.scorer = self._actor[1].remote(cfg, self.sandboxes)
         self.restarts = self.sandbox_requeues = 0
         self._published: tuple[int, Any] | None = None
         self._sizes_seen: dict[str, tuple[int, int]] = {}  # domain -> (actor pid, sizes logged)
@@ -132,24 +125,24 @@ class RayEngine(Pipeline):
     def _start_sandboxes(self) -> tuple[dict, dict[str, RaySandbox]]:
         """One sandbox actor per domain that runs code; the trainer's domains (eval) use it too."""
         actors, backends = {}, {}
-        for name, domain in self.run.domains.items():
+        for name, domain in self.domains.items():
             sandbox_cfg = getattr(domain, "sandbox_config", lambda: None)()
             if sandbox_cfg is None:
                 continue
             actors[name], info = start_sandbox_actor(sandbox_cfg, self.cfg.ray.max_restarts, name)
             backends[name] = RaySandbox(actors[name], info, self.cfg.ray.max_restarts)
             domain.use_sandbox(backends[name])
-            self.run.log(f"ray engine: sandbox pool of domain {name} is an actor ({info['n_workers']} workers, "
+            self.log(f"ray engine: sandbox pool of domain {name} is an actor ({info['n_workers']} workers, "
                          f"isolation {info['isolation']})")
         return actors, backends
 
     def _new_worker(self):
-        return self._actor[0].remote(self._model_ref, self.run.policy.tok, self.cfg)
+        return self._actor[0].remote(self._model_ref, self.policy.tok, self.cfg)
 
     def _publish(self):
-        version = self.run.policy.version
+        version = self.policy.version
         if self._published is None or self._published[0] != version:
-            self._published = (version, ray.put(self.run.policy.model.state_dict()))  # serialised now
+            self._published = (version, ray.put(self.policy.model.state_dict()))  # serialised now
         return self._published[1]
 
     def _start(self, order: Order) -> Flight:
@@ -184,7 +177,7 @@ class RayEngine(Pipeline):
             return False
         self.restarts += len(dead) + scorer_dead
         if self.restarts > self.cfg.ray.max_restarts:
-            self.run.log(f"ray engine: {self.restarts} actor restarts exceed ray.max_restarts; giving up")
+            self.log(f"ray engine: {self.restarts} actor restarts exceed ray.max_restarts; giving up")
             return False
         for i in dead:
             self.workers[i] = self._new_worker()
@@ -192,22 +185,22 @@ class RayEngine(Pipeline):
             self.scorer = self._actor[1].remote(self.cfg, self.sandboxes)
         flights = [current, *(f for f in self.in_flight.values() if f is not current)]
         again = sorted(f.order.step for f in flights)
-        self.run.log(f"ray engine: {'rollout worker(s) ' + str(dead) if dead else ''}"
+        self.log(f"ray engine: {'rollout worker(s) ' + str(dead) if dead else ''}"
                      f"{' reward worker' if scorer_dead else ''} died ({type(error).__name__}); "
                      f"restarted; steps {again} submitted again")
         for f in flights:
             self._dispatch(f)
         return True
 
-    def metrics(self, stats: UpdateStats) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         m = {"engine/restarts": float(self.restarts)}
         if self.sandboxes:
             for event in (e for b in self.sandboxes.values() for e in b.drain_events()):  # the trainer's own calls
-                self.run.log(event)
+                self.log(event)
                 self.sandbox_requeues += 1
             m["engine/sandbox_requeues"] = float(self.sandbox_requeues)
             m |= self._sandbox_metrics()
-        return super().metrics(stats) | m
+        return super().metrics() | m
 
     def _sandbox_metrics(self) -> dict[str, float]:
         """Pool size and runs (since the actor last started) per sandbox actor; every resize since
@@ -217,7 +210,7 @@ class RayEngine(Pipeline):
             info = ray.get(actor.info.remote())
             pid, seen = self._sizes_seen.get(name, (info["pid"], 1))  # the first size was logged at start
             for _, n in info["sizes"][seen if pid == info["pid"] else 0:]:
-                self.run.log(f"ray engine: sandbox pool of domain {name} resized to {n} workers")
+                self.log(f"ray engine: sandbox pool of domain {name} resized to {n} workers")
             self._sizes_seen[name] = (info["pid"], len(info["sizes"]))
             m[f"sandbox/{name}/workers"] = float(info["n_workers"])
             m[f"sandbox/{name}/runs"] = float(info["runs"])

@@ -25,7 +25,7 @@ import time
 import ray
 
 from postrl.errors import UserError
-from postrl.sandbox import RunRequest, RunResult, SandboxConfig, SandboxPool
+from postrl.sandbox.pool import RunRequest, RunResult, SandboxConfig, SandboxPool
 
 
 class SandboxActor:

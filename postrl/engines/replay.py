@@ -17,29 +17,26 @@ from pathlib import Path
 from postrl.engines.pipeline import Order, Pipeline, Rollout
 from postrl.errors import UserError
 from postrl.records import Sample
-from postrl.store import read_rows, shard_steps
+from postrl.store.rollouts import read_rows, shard_steps
 
 PREFIX = "replay:"
 
 
 def replay_dir(source: str) -> Path | None:
-    """The run directory named by `pipeline.source`, or None when the source is live sampling."""
-    if not source:
-        return None
-    if not source.startswith(PREFIX):
-        raise UserError(f"config key 'pipeline.source' = {source!r}: expected '' or 'replay:RUN_DIR'")
-    path = Path(source[len(PREFIX):])
-    if not shard_steps(path):
-        raise UserError(f"config key 'pipeline.source' = {source!r}: no rollouts under {path / 'rollouts'}")
-    return path
+    """The run directory named by `pipeline.source`, or None when the source is live sampling.
+    That it is 'replay:RUN_DIR' of a run with stored rollouts is checked with the config's other
+    names, before the run starts (`postrl.names`)."""
+    return Path(source[len(PREFIX):]) if source else None
 
 
 class ReplayEngine(Pipeline):
-    def __init__(self, run, source: Path):
-        super().__init__(run)
-        self.source = source
+    def __init__(self, policy, domains: dict, cfg, log=print):
+        super().__init__(policy, domains, cfg, log)
+        self.source = source = replay_dir(cfg.pipeline.source)
         self.steps = set(shard_steps(source))
         missing = [s for s in range(self.total_steps) if s not in self.steps]
+        if not self.steps:
+            raise UserError(f"replay source {source} holds no rollouts")
         if missing:
             raise UserError(f"replay source {source} has no rollouts for step {missing[0]} "
                             f"(it has steps {min(self.steps)}..{max(self.steps)}); lower train.total_steps")
@@ -60,5 +57,5 @@ class ReplayEngine(Pipeline):
 
     def _staleness(self, samples: list[Sample]) -> dict[str, float]:
         # stored samples may come from any policy version: report the lag, there is no bound to check
-        lag = [(self.run.policy.version - s.policy_version) / self.updates_per_step for s in samples]
+        lag = [(self.policy.version - s.policy_version) / self.updates_per_step for s in samples]
         return {"staleness/mean": sum(lag) / len(lag), "staleness/max": max(lag)}

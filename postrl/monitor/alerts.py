@@ -1,7 +1,7 @@
 """Alerts (`alerts.jsonl` + console) and spot-check dumps (`samples/step_N.md` + `.jsonl`).
 
-An `Alert` records what a monitor saw and the action configured for it (`warn`, `stop`,
-`rollback`); carrying the action out is the training loop's job, not this module's.
+An `Alert` records what a monitor saw and the action configured for it, one of `ALERT_ACTIONS`
+(`warn`, `stop`, `rollback`); carrying the action out is the training loop's job, not this module's.
 """
 
 from __future__ import annotations
@@ -18,11 +18,17 @@ from rich.console import Console
 from rich.markup import escape
 
 from postrl.monitor.sinks import append_jsonl, read_jsonl, truncate_jsonl
+from postrl.registry import Registry
 
 ALERTS_FILE = "alerts.jsonl"
 SAMPLES_DIR = "samples"
-ACTIONS = ("warn", "stop", "rollback")
-_ACTION_STYLE = {"warn": "yellow", "stop": "bold red", "rollback": "bold magenta"}
+ALERT_ACTIONS = Registry("alert action")
+"""Action name -> the console style its alerts print in. The config keys naming one are
+`monitor.NAME.action` and `eval.seesaw_action`; the loop carries them out:
+warn (log only), stop (checkpoint and end the run), rollback (back to the last checkpoint)."""
+ALERT_ACTIONS.add("warn", "yellow")
+ALERT_ACTIONS.add("stop", "bold red")
+ALERT_ACTIONS.add("rollback", "bold magenta")
 
 
 @dataclass
@@ -53,7 +59,7 @@ class AlertLog:
             rec = asdict(alert)
             rec["data"] = {k: (float(v) if math.isfinite(float(v)) else None) for k, v in alert.data.items()}
             append_jsonl(self.path, rec)
-            style = _ACTION_STYLE.get(alert.action, "yellow")
+            style = ALERT_ACTIONS.get(alert.action) if alert.action in ALERT_ACTIONS else "yellow"
             self.console.print(
                 f"[{style}]ALERT[/] step {alert.step} [bold]{escape(alert.name)}[/] "
                 f"({escape(alert.action)}): {escape(alert.message)}",

@@ -30,12 +30,11 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from postrl.errors import UserError
-from postrl.monitor.alerts import ACTIONS, Alert
+from postrl.monitor.alerts import ALERT_ACTIONS, Alert
 from postrl.monitor.settings import (  # noqa: F401  (re-exported for callers of build_monitors)
     EntropyCollapseConfig,
     FormatShareConfig,
@@ -47,6 +46,7 @@ from postrl.monitor.settings import (  # noqa: F401  (re-exported for callers of
     TamperingConfig,
     VerifierDisagreementConfig,
 )
+from postrl.registry import Registry
 
 # ---------------------------------------------------------------------------- plumbing
 
@@ -96,22 +96,19 @@ class Trigger:
         self.count, self.fired = int(state["count"]), bool(state["fired"])
 
 
-_MONITORS: dict[str, Callable[[Any, MonitorContext], Monitor]] = {}
+MONITORS = Registry("monitor")
+"""Name -> class(settings, MonitorContext) -> Monitor; each has its settings at `monitor.NAME`."""
 
 
-def register_monitor(name: str) -> Callable:
+def register_monitor(name: str):
+    """Class decorator: registers the monitor and gives it its name."""
+
     def deco(cls):
-        if name in _MONITORS:
-            raise ValueError(f"monitor {name!r} registered twice")
+        MONITORS.add(name, cls)
         cls.name = name
-        _MONITORS[name] = cls
         return cls
 
     return deco
-
-
-def available_monitors() -> list[str]:
-    return sorted(_MONITORS)
 
 
 def _finite(metrics: dict[str, float], name: str) -> float | None:
@@ -451,12 +448,9 @@ def build_monitors(cfg: MonitorConfig, ctx: MonitorContext | None = None) -> Mon
     """The enabled monitors of `cfg` (anything with one attribute per monitor name)."""
     ctx = ctx or MonitorContext()
     built = []
-    for name in available_monitors():
+    for name, cls in MONITORS.items():
         settings = getattr(cfg, name)
-        if settings.action not in ACTIONS:
-            raise UserError(
-                f"config key 'monitor.{name}.action' = {settings.action!r}: expected one of {', '.join(ACTIONS)}"
-            )
+        ALERT_ACTIONS.check(settings.action, key=f"monitor.{name}.action")
         if settings.enabled:
-            built.append(_MONITORS[name](settings, ctx))
+            built.append(cls(settings, ctx))
     return Monitors(built)

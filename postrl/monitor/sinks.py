@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Protocol
 
 from postrl.errors import UserError
+from postrl.registry import Registry
 
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
@@ -118,21 +119,9 @@ def _is_number(v: object) -> bool:
 # ---------------------------------------------------------------------------- sinks
 
 
-_SINKS: dict[str, Callable[..., MetricSink]] = {}
-
-
-def register_sink(name: str) -> Callable:
-    def deco(factory: Callable[..., MetricSink]) -> Callable[..., MetricSink]:
-        if name in _SINKS:
-            raise ValueError(f"sink {name!r} registered twice")
-        _SINKS[name] = factory
-        return factory
-
-    return deco
-
-
-def available_sinks() -> list[str]:
-    return sorted(_SINKS)
+SINKS = Registry("metric sink", key="monitor.sinks")
+"""Name -> factory(run_dir, run_name=, resume_step=) -> MetricSink."""
+register_sink = SINKS.register
 
 
 @register_sink("jsonl")
@@ -238,9 +227,8 @@ class MultiSink:
 def make_sinks(
     run_dir: str | Path, names: list[str], run_name: str = "", resume_step: int | None = None
 ) -> MultiSink:
-    """The named sinks plus `jsonl` (always first). Unknown names raise `UserError` listing valid ones."""
-    unknown = [n for n in names if n not in _SINKS]
-    if unknown:
-        raise UserError(f"unknown metric sink '{unknown[0]}'; available: {', '.join(available_sinks())}")
+    """The named sinks plus `jsonl` (always first). An unknown name raises ConfigError naming
+    `monitor.sinks` and the valid names."""
     ordered = ["jsonl"] + [n for n in dict.fromkeys(names) if n != "jsonl"]
-    return MultiSink([_SINKS[n](run_dir, run_name=run_name, resume_step=resume_step) for n in ordered])
+    factories = [SINKS.get(n) for n in ordered]  # every name checked before any sink opens a file
+    return MultiSink([f(run_dir, run_name=run_name, resume_step=resume_step) for f in factories])

@@ -1,9 +1,12 @@
 """The update: clipped policy gradient with a KL penalty, over a step's samples.
 
     learner = Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model)  # model: micro-batches, checkpointing
-    batch = learner.build_batch(samples)               # tensors; reference log-probs computed once here
-    batch.advantages = ...                             # [B], from the step's rewards
+    batch = learner.build_batch(samples, kl_coef)      # tensors, reference log-probs, advantages
     stats = learner.update(batch, kl_coef, generator)  # ppo_epochs x minibatches optimiser steps
+
+The learner owns each step's advantages: `build_batch` computes them from the samples' rewards
+(`postrl.algo.advantages.group_advantages`) and writes each one into its sample (`advantage`,
+and `kl_penalty` when the KL goes into the reward), so the batch and the stored rollout agree.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from postrl.algo.advantages import ADVANTAGES, group_advantages
 from postrl.algo.losses import LOSSES, aggregate, kl_estimate, truncated_is_weight
 from postrl.config import ModelConfig, RLConfig, TrainConfig
 from postrl.policy.logprobs import token_logprobs
@@ -60,8 +64,10 @@ class Learner:
         warmup = max(1, train.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warmup))
 
-    def build_batch(self, samples: list[Sample]) -> Batch:
-        """Right-pad prompt+completion rows; position t of the masks predicts token t+1."""
+    def build_batch(self, samples: list[Sample], kl_coef: float) -> Batch:
+        """Right-pad prompt+completion rows (position t of the masks predicts token t+1), compute
+        the reference log-probs once, and the advantages. `samples`: whole groups of
+        `train.samples_per_prompt`, contiguous."""
         pad = self.policy.tok.pad_token_id
         rows = [s.prompt_ids + s.completion_ids for s in samples]
         width = max(map(len, rows))
@@ -80,9 +86,27 @@ class Learner:
         if self.ref_model is not None and self.rl.kl_coef > 0:
             ref = self._logprobs(self.ref_model, torch.arange(len(rows)), ids, attn, loss_mask, temps,
                                  out=torch.zeros_like(old))
-        adv = torch.zeros(len(samples))  # filled in from the rewards by the loop
+        adv = self._advantages(samples, old, ref, loss_mask, kl_coef)
         prox = self._proximal_logprobs(samples, ids, attn, loss_mask, old, temps)
         return Batch(ids, attn, loss_mask, old, ref, adv, temps, prox)
+
+    def _advantages(self, samples, old, ref, loss_mask, kl_coef: float) -> torch.Tensor:
+        """[B] group-relative advantages, written into the samples too. With `rl.kl_in: reward`
+        each reward is first reduced by kl_coef times the sequence KL to the reference (summed over
+        tokens, on the behaviour log-probs), as in PPO-RLHF."""
+        n = self.train_cfg.samples_per_prompt
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32).view(-1, n)  # [G, N]
+        verified = torch.tensor([s.score is not None and s.score.status == "ok" for s in samples]).view(-1, n)
+        penalty = None
+        if self.rl.kl_in == "reward" and ref is not None:
+            kl = kl_estimate(old, ref, self.rl.kl_estimator)  # [B, T-1]
+            penalty = kl_coef * (kl * loss_mask).sum(-1)  # [B]
+        estimator = ADVANTAGES.get(self.rl.advantage, key="rl.advantage")
+        adv = group_advantages(estimator, rewards, verified, penalty, self.rl.scale_by_std)  # [B]
+        for i, (s, a) in enumerate(zip(samples, adv.tolist())):
+            s.advantage = a
+            s.kl_penalty = None if penalty is None else float(penalty[i])
+        return adv
 
     @torch.no_grad()
     def _proximal_logprobs(self, samples, ids, attn, loss_mask, old, temps) -> torch.Tensor | None:

@@ -12,9 +12,10 @@ The trainer calls, after the domain has scored a batch,
 
 A term name is either a component the domain's own verifier returns in `Score.components`
 (code: compiles, tests, penalty_*; arith/math: correct), the pseudo-term `reward` (the domain's
-own reward), or a shaping term registered here by name and computed from (task, response):
-`format_boxed`, `format_answer_tag`, `format_think_answer`, `overlong`, `math`, ... A component
-of the domain wins over a registered term of the same name.
+own reward), or a shaping term registered by name in `postrl.rewards.terms` and computed from
+(task, response): `format_boxed`, `format_answer_tag`, `format_think_answer`, `overlong`, `math`,
+... (importing this module registers those built-in ones). A component of the domain wins over a
+registered term of the same name.
 
 The result keeps every term's unweighted value in `components` (so each is logged separately),
 sets `reward` to the weighted sum, and leaves `correct`, `status` and `detail` untouched: a
@@ -25,54 +26,21 @@ Empty weights return the domain's scores unchanged.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
+import postrl.rewards.format  # noqa: F401  (registers the format and shaping terms)
+import postrl.rewards.math  # noqa: F401  (registers the term `math`)
 from postrl.errors import UserError
 from postrl.records import Score
-
-TermFn = Callable[[Sequence, Sequence], Sequence[float] | Sequence[Score]]
-"""(tasks, responses) -> one float per response, or one Score when the term can fail to verify
-(its non-ok status then becomes the composite's status: never a silent zero)."""
-
-OWN_REWARD = "reward"
-
-_TERMS: dict[str, TermFn] = {}
-
-
-def register_term(name: str) -> Callable[[TermFn], TermFn]:
-    def deco(fn: TermFn) -> TermFn:
-        if name in _TERMS or name == OWN_REWARD:
-            raise ValueError(f"reward term {name!r} registered twice")
-        _TERMS[name] = fn
-        return fn
-
-    return deco
-
-
-def unregister_term(name: str) -> None:
-    """Remove a term registered at run time (e.g. a reward model loaded for one run)."""
-    _TERMS.pop(name, None)
-
-
-def available_terms() -> list[str]:
-    _load_builtin_terms()
-    return sorted(_TERMS)
-
-
-def get_term(name: str) -> TermFn:
-    _load_builtin_terms()
-    if name not in _TERMS:
-        raise UserError(f"unknown reward term '{name}'; available: {', '.join(sorted(_TERMS))}")
-    return _TERMS[name]
+from postrl.rewards.terms import OWN_REWARD, TERMS
 
 
 def check_terms(weights: dict[str, float], components: Collection[str]) -> None:
     """Raise UserError naming every weight that is neither a component nor a registered term."""
-    _load_builtin_terms()
-    unknown = [n for n in weights if n != OWN_REWARD and n not in _TERMS and n not in components]
+    unknown = [n for n in weights if n != OWN_REWARD and n not in TERMS and n not in components]
     if unknown:
-        valid = sorted({OWN_REWARD, *_TERMS, *components})
+        valid = sorted({OWN_REWARD, *TERMS.names(), *components})
         raise UserError(
             f"unknown reward term{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
             f"valid: {', '.join(valid)}"
@@ -123,19 +91,14 @@ def _term_values(name, declared, tasks, responses, scores, timings) -> list[Scor
     t0 = time.perf_counter()
     if name == OWN_REWARD:
         vals = [Score(s.reward, s.correct) for s in scores]
-    elif name in declared or name not in _TERMS:
+    elif name in declared or name not in TERMS:
         # a component absent from one score (e.g. a verifier error) contributes nothing
         vals = [Score(float(s.components.get(name, 0.0)), None) for s in scores]
     else:
-        vals = [v if isinstance(v, Score) else Score(float(v), None) for v in _TERMS[name](tasks, responses)]
+        vals = [v if isinstance(v, Score) else Score(float(v), None) for v in TERMS.get(name)(tasks, responses)]
         if len(vals) != len(scores):
             raise ValueError(f"reward term {name!r} returned {len(vals)} values for {len(scores)} samples")
     if timings is not None:
         timings[f"reward_{name}_s"] = time.perf_counter() - t0
     return vals
 
-
-def _load_builtin_terms() -> None:
-    # Imported lazily: the term modules import this one to register themselves.
-    import postrl.rewards.format  # noqa: F401
-    import postrl.rewards.math  # noqa: F401

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from postrl.rewards.composite import register_term
+from postrl.rewards.terms import register_term
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_ANSWER = re.compile(r"\s*<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?answer>).)+</answer>\s*",

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from postrl.records import Score
-from postrl.rewards.composite import register_term
 from postrl.rewards.pool import WorkerPool
+from postrl.rewards.terms import register_term
 
 _HANDLER = "postrl.rewards.math:verify_job"
 

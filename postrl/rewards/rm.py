@@ -33,8 +33,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassificat
 
 from postrl.errors import UserError
 from postrl.policy.chartok import build_char_tokenizer
-from postrl.rewards.composite import register_term, unregister_term
 from postrl.rewards.jsonl import read_jsonl
+from postrl.rewards.terms import TERMS, register_term
 
 SEP = "\n"
 """Between prompt and response in the model's input."""
@@ -205,6 +205,6 @@ def register_rm_term(name: str, model_dir: str | Path) -> RewardModel:
         raw = rm.score([t.prompt for t in tasks], [r.text for r in responses])
         return [1.0 / (1.0 + math.exp(-s)) for s in raw]
 
-    unregister_term(name)
+    TERMS.remove(name)  # a run registers its reward models afresh (the Ray reward actor, a test)
     register_term(name)(term)
     return rm

@@ -1,6 +1,7 @@
 """Isolated execution of untrusted, model-written programs.
 
-This package imports nothing from the rest of postrl.
+This package imports nothing from the rest of postrl, and this file imports nothing at all:
+`postrl.sandbox.pool` holds the pool (`SandboxPool`, `SandboxConfig`, `RunRequest`, `RunResult`).
 
 Threat model
 ============
@@ -45,7 +46,3 @@ It does not protect against:
   the same user are reachable. The level actually used is recorded on every result
   (`RunResult.isolation`, e.g. 'bwrap+seccomp+uid+rlimits').
 """
-
-from postrl.sandbox.pool import RunRequest, RunResult, SandboxConfig, SandboxPool, SandboxUnavailable
-
-__all__ = ["RunRequest", "RunResult", "SandboxConfig", "SandboxPool", "SandboxUnavailable"]

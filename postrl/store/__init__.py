@@ -1,17 +1,3 @@
-"""Rollout store: Parquet shards per step (`rollouts`) and DuckDB queries over them (`query`)."""
-
-from postrl.store.query import VIEWS, QueryResult, query, query_view
-from postrl.store.rollouts import SCHEMA, RolloutRow, RolloutStore, read_rows, read_table, shard_steps
-
-__all__ = [
-    "SCHEMA",
-    "VIEWS",
-    "QueryResult",
-    "RolloutRow",
-    "RolloutStore",
-    "query",
-    "query_view",
-    "read_rows",
-    "read_table",
-    "shard_steps",
-]
+"""Rollout store: Parquet shards per step (`postrl.store.rollouts`) and DuckDB queries over them
+(`postrl.store.query`). This file imports nothing: a module that writes rollouts does not import
+DuckDB."""

@@ -115,7 +115,7 @@ class RolloutRow:
             token_ids=list(sample.completion_ids),
             behaviour_logprobs=[float(x) for x in sample.logprobs],
             reward=None if score is None else float(score.reward),
-            reward_components={} if score is None else {k: float(v) for k, v in score.components.items()},
+            reward_components=stored_components(sample),
             verifier_status=None if score is None else score.status,
             correct=None if score is None else score.correct,
             detail="" if score is None else score.detail,
@@ -254,3 +254,12 @@ class RolloutStore:
 
     def read_rows(self, steps: Sequence[int] | None = None) -> list[RolloutRow]:
         return read_rows(self.run_dir, steps)
+
+
+def stored_components(sample) -> dict[str, float]:
+    """The reward's components as stored: the score's, plus the KL penalty the learner took off
+    the reward (`rl.kl_in: reward`) as `kl_penalty`."""
+    out = {} if sample.score is None else {k: float(v) for k, v in sample.score.components.items()}
+    if sample.kl_penalty is not None and sample.score is not None:
+        out["kl_penalty"] = -float(sample.kl_penalty)
+    return out

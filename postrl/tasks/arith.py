@@ -140,15 +140,16 @@ def score_answer(gold: str, response: Response) -> Score:
 
 @register_domain("arith")
 class Arith:
-    name = "arith"
+    reward_components = ("correct",)
 
-    def __init__(self, params: dict, seed: int):
-        self.params: ArithParams = parse_params(ArithParams, params, self.name)
+    def __init__(self, params: dict, seed: int, name: str = "arith"):
+        self.name = name
+        self.params: ArithParams = parse_params(ArithParams, params, name)
         bad = [lv for lv in self.params.levels if lv not in LEVELS]
         if bad or not self.params.levels:
             from postrl.errors import UserError
 
-            raise UserError(f"domains.arith.params.levels = {self.params.levels}: levels are {sorted(LEVELS)}")
+            raise UserError(f"domains.{self.name}.params.levels = {self.params.levels}: levels are {sorted(LEVELS)}")
         self.levels = sorted(self.params.levels)
         self.seed = seed
 

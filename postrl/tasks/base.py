@@ -1,14 +1,18 @@
-"""`Task` records and the domain registry.
+"""The domain registry, the `Domain` protocol, and helpers the generated domains share.
 
 A domain is a source of problems plus the rule that grades answers to them:
 
     @register_domain("arith")
     class Arith:
-        def __init__(self, params: dict, seed: int): ...
+        reward_components = ("correct",)           # names its scores' components may have
+        def __init__(self, params: dict, seed: int, name: str = "arith"): ...
+        name: str                                  # the recipe's key: every Task carries it
         levels: list[int]                          # difficulty levels, easiest first
         def sample(self, rng, level=None) -> Task  # a training problem (never a held-out one)
         def heldout(self, n) -> list[Task]         # the fixed held-out split
         def score(self, tasks, responses) -> list[Score]   # batched grading
+
+This module knows no domain: `postrl.tasks.catalog` imports the built-in ones and builds them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from postrl.records import Response, Score, Task
+from postrl.registry import Registry
 
 
 class Domain(Protocol):
@@ -32,39 +37,10 @@ class Domain(Protocol):
     def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]: ...
 
 
-class UnknownDomainError(KeyError):
-    pass
-
-
-_DOMAINS: dict[str, Callable[..., Domain]] = {}
-
-
-def register_domain(name: str) -> Callable:
-    def deco(factory: Callable[..., Domain]) -> Callable[..., Domain]:
-        if name in _DOMAINS:
-            raise ValueError(f"domain {name!r} registered twice")
-        _DOMAINS[name] = factory
-        return factory
-
-    return deco
-
-
-def available_domains() -> list[str]:
-    _load_builtin_domains()
-    return sorted(_DOMAINS)
-
-
-def make_domain(name: str, params: dict[str, Any] | None = None, seed: int = 0) -> Domain:
-    """Build a registered domain; unknown names raise UnknownDomainError naming the valid ones."""
-    _load_builtin_domains()
-    if name not in _DOMAINS:
-        raise UnknownDomainError(f"unknown domain '{name}'; available: {', '.join(sorted(_DOMAINS))}")
-    return _DOMAINS[name](dict(params or {}), seed)
-
-
-def _load_builtin_domains() -> None:
-    # Imported lazily so that `postrl.tasks.base` stays cheap and cycle-free.
-    import postrl.tasks  # noqa: F401
+DOMAINS = Registry("domain")
+"""Registry name -> factory(params, seed, name) -> Domain. The factory may carry
+`reward_components`, the component names its scores have (reward terms a recipe may weight)."""
+register_domain = DOMAINS.register
 
 
 def is_heldout(text: str, percent: int) -> bool:

@@ -74,14 +74,15 @@ def score_reply(gold: str, response: Response) -> Score:
 
 @register_domain("chat_arith")
 class ChatArith:
-    name = "chat_arith"
+    reward_components = ("correct",)
 
-    def __init__(self, params: dict, seed: int):
-        self.params: ChatArithParams = parse_params(ChatArithParams, params, self.name)
+    def __init__(self, params: dict, seed: int, name: str = "chat_arith"):
+        self.name = name
+        self.params: ChatArithParams = parse_params(ChatArithParams, params, name)
         if not self.params.levels or any(lv not in LEVELS for lv in self.params.levels):
-            raise UserError(f"domains.chat_arith.params.levels = {self.params.levels}: levels are {sorted(LEVELS)}")
+            raise UserError(f"domains.{self.name}.params.levels = {self.params.levels}: levels are {sorted(LEVELS)}")
         if "{expr}" not in self.params.template:
-            raise UserError("domains.chat_arith.params.template must contain {expr}")
+            raise UserError(f"domains.{self.name}.params.template must contain {{expr}}")
         self.levels = sorted(self.params.levels)
         self.seed = seed
 

@@ -15,19 +15,21 @@ from __future__ import annotations
 import random
 
 from postrl.records import Response, Score, Task
-from postrl.tasks.base import make_domain, register_domain
+from postrl.tasks.base import register_domain
 from postrl.tasks.chat_arith import score_reply
+from postrl.tasks.rgym import ReasoningGymDomain
 
 SUFFIX = " Reply with only the final number."
 
 
 @register_domain("chat_count")
 class ChatCount:
-    name = "chat_count"
+    reward_components = ("correct",)
 
-    def __init__(self, params: dict, seed: int):
+    def __init__(self, params: dict, seed: int, name: str = "chat_count"):
+        self.name = name
         params = {"heldout_size": 200, **params, "prompt_template": "{question}" + SUFFIX}
-        self._rg = make_domain("rg:letter_counting", params, seed)
+        self._rg = ReasoningGymDomain("letter_counting", params, seed)
         self.levels = self._rg.levels
 
     def _own(self, task: Task) -> Task:

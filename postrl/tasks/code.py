@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
-from postrl.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.sandbox.client import RemoteSandbox
 from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
+from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.tasks.base import heldout_by_level, is_heldout, parse_params, register_domain
 
 SOURCES = ("humaneval", "generated")
@@ -135,17 +135,18 @@ def generated_problem(rng: random.Random, level: int) -> tuple[str, str, str]:
 
 @register_domain("code")
 class Code:
-    name = "code"
+    reward_components = ("compiles", "tests", "tests_frac", "penalty_timeout", "penalty_memory", "penalty_output")
 
-    def __init__(self, params: dict, seed: int):
-        self.params: CodeParams = parse_params(CodeParams, params, self.name)
+    def __init__(self, params: dict, seed: int, name: str = "code"):
+        self.name = name
+        self.params: CodeParams = parse_params(CodeParams, params, name)
         p = self.params
         if p.source not in SOURCES:
-            raise UserError(f"domains.code.params.source = {p.source!r}: must be one of {', '.join(SOURCES)}")
+            raise UserError(f"domains.{self.name}.params.source = {p.source!r}: must be one of {', '.join(SOURCES)}")
         if p.source == "generated":
             bad = [lv for lv in p.levels if lv not in GENERATED_LEVELS]
             if bad or not p.levels:
-                raise UserError(f"domains.code.params.levels = {p.levels}: levels are {list(GENERATED_LEVELS)}")
+                raise UserError(f"domains.{self.name}.params.levels = {p.levels}: levels are {list(GENERATED_LEVELS)}")
             self.levels = sorted(set(p.levels))
         else:
             self.levels = [1]
@@ -153,7 +154,7 @@ class Code:
             self._train = [self._humaneval_task(r) for r in rows if not _is_heldout_humaneval(r["task_id"])]
             self._heldout = [self._humaneval_task(r) for r in rows if _is_heldout_humaneval(r["task_id"])]
         if not 0 < p.heldout_percent < 100:
-            raise UserError(f"domains.code.params.heldout_percent = {p.heldout_percent}: must be in 1..99")
+            raise UserError(f"domains.{self.name}.params.heldout_percent = {p.heldout_percent}: must be in 1..99")
         self.seed = seed
         self.weights = RewardWeights(p.w_compiles, p.w_tests, p.penalty_timeout, p.penalty_memory, p.penalty_output)
         self._backend = None

@@ -93,7 +93,9 @@ def _seed(*parts: Any) -> int:
 
 
 class ReasoningGymDomain:
-    def __init__(self, dataset: str, params: dict, seed: int):
+    reward_components = ("correct", "rg_score")
+
+    def __init__(self, dataset: str, params: dict, seed: int, name: str = ""):
         import reasoning_gym  # noqa: F401  (fills reasoning_gym.factory's registries)
         from reasoning_gym.factory import DATASETS
 
@@ -101,7 +103,7 @@ class ReasoningGymDomain:
             raise UserError(f"unknown reasoning-gym dataset '{dataset}'")
         params = dict(params)
         self.dataset = dataset
-        self.name = f"rg:{dataset}"
+        self.name = name or f"rg:{dataset}"
         self.seed = seed
         self._cls, self._config_cls = DATASETS[dataset]
         self.partial_credit = bool(params.pop("partial_credit", False))
@@ -238,9 +240,10 @@ class ReasoningGymDomain:
 
 
 def _factory(dataset: str):
-    def make(params: dict, seed: int) -> ReasoningGymDomain:
-        return ReasoningGymDomain(dataset, params, seed)
+    def make(params: dict, seed: int, name: str = "") -> ReasoningGymDomain:
+        return ReasoningGymDomain(dataset, params, seed, name)
 
+    make.reward_components = ReasoningGymDomain.reward_components
     return make
 
 

@@ -58,12 +58,13 @@ def score_answer(gold: str, response: Response) -> Score:
 
 @register_domain("sort")
 class Sort:
-    name = "sort"
+    reward_components = ("correct",)
 
-    def __init__(self, params: dict, seed: int):
-        self.params: SortParams = parse_params(SortParams, params, self.name)
+    def __init__(self, params: dict, seed: int, name: str = "sort"):
+        self.name = name
+        self.params: SortParams = parse_params(SortParams, params, name)
         if not self.params.levels or any(lv not in LEVELS for lv in self.params.levels):
-            raise UserError(f"domains.sort.params.levels = {self.params.levels}: levels are {sorted(LEVELS)}")
+            raise UserError(f"domains.{self.name}.params.levels = {self.params.levels}: levels are {sorted(LEVELS)}")
         self.levels = sorted(set(self.params.levels))
         self.seed = seed
 

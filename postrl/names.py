@@ -1,0 +1,118 @@
+"""Every config key whose value names a registered thing, checked against its registry in one place.
+
+    check_names(cfg)   # ConfigError, one line naming the key and the valid names
+
+`NAMED_KEYS` is the table: a key pattern and the registry its values must name. `NAME` in a
+pattern stands for each domain (`domains.NAME`) or each monitor (`monitor.NAME`), `TERM` for each
+reward term a domain weights. The run, `postrl plan` and `postrl eval RECIPE` call `check_names`
+before they create a directory or load a model, so a misspelt name costs nothing. `postrl.config`
+checks types and ranges and knows no registry; this module knows them all, and builds nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from postrl.algo.advantages import ADVANTAGES
+from postrl.algo.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSSES
+from postrl.config import Config
+from postrl.curriculum.schedule import SCHEDULES
+from postrl.engines.registry import ENGINES
+from postrl.engines.replay import PREFIX as REPLAY
+from postrl.errors import ConfigError
+from postrl.evaluate import EVAL_AGGREGATES
+from postrl.monitor.alerts import ALERT_ACTIONS
+from postrl.monitor.monitors import MONITORS
+from postrl.monitor.sinks import SINKS
+from postrl.registry import Registry
+from postrl.rewards.composite import TERMS  # from composite: its import registers the built-in terms
+from postrl.rewards.terms import OWN_REWARD
+from postrl.store.rollouts import shard_steps
+from postrl.tasks.catalog import DOMAINS
+
+
+class Names(Protocol):
+    """What a key's values are checked against: a Registry, or anything that checks like one."""
+
+    def check(self, name: str, key: str = "") -> None: ...
+
+
+@dataclass(frozen=True)
+class NamedKey:
+    pattern: str
+    """The config key; NAME stands for each domain or monitor, TERM for each reward term."""
+    registry: Callable[[Config, str], Names]
+    """The registry the key's values must name, given the config and the NAME matched ('' if none)."""
+    values: Callable[[Config], list[tuple[str, str, str]]] | None = None
+    """(key as written, value, NAME) for each value; None: the value at `pattern`, each entry of a list."""
+
+
+def domain_types(cfg: Config) -> list[tuple[str, str, str]]:
+    """A domain's registry name is its `type`, or its key when the type is empty."""
+    return [(f"domains.{n}.type", d.type, n) if d.type else (f"domains.{n}", n, n) for n, d in cfg.domains.items()]
+
+
+def reward_terms(cfg: Config) -> list[tuple[str, str, str]]:
+    return [(f"domains.{n}.reward.{term}", term, n) for n, d in cfg.domains.items() for term in d.reward]
+
+
+def monitor_actions(cfg: Config) -> list[tuple[str, str, str]]:
+    return [(f"monitor.{n}.action", getattr(cfg.monitor, n).action, n) for n in MONITORS.names()]
+
+
+def terms_of(cfg: Config, domain: str) -> Registry:
+    """The terms domain `domain` may weight: the components its verifier's scores carry, the
+    registered terms, the run's reward models, and `reward` (the domain's own)."""
+    factory = DOMAINS.get(cfg.domains[domain].type or domain)
+    valid = Registry("reward term")
+    for name in {OWN_REWARD, *TERMS.names(), *cfg.reward_models, *getattr(factory, "reward_components", ())}:
+        valid.add(name, None)
+    return valid
+
+
+class RolloutSources:
+    """`pipeline.source`: '' (sample live) or 'replay:RUN_DIR', a run directory with stored rollouts."""
+
+    def check(self, name: str, key: str = "") -> None:
+        if not name:
+            return
+        if not name.startswith(REPLAY):
+            raise ConfigError(f"config key '{key}' = {name!r}: expected '' (sample live) or '{REPLAY}RUN_DIR'")
+        path = Path(name[len(REPLAY):])
+        if not shard_steps(path):
+            raise ConfigError(f"config key '{key}' = {name!r}: no rollouts under {path / 'rollouts'}; "
+                              f"expected '{REPLAY}RUN_DIR' of a run that stored them")
+
+
+NAMED_KEYS: list[NamedKey] = [
+    NamedKey("engine", lambda cfg, _: ENGINES),
+    NamedKey("rl.advantage", lambda cfg, _: ADVANTAGES),
+    NamedKey("rl.loss", lambda cfg, _: LOSSES),
+    NamedKey("rl.kl_estimator", lambda cfg, _: KL_ESTIMATORS),
+    NamedKey("rl.loss_agg", lambda cfg, _: LOSS_AGGREGATIONS),
+    NamedKey("curriculum.schedule", lambda cfg, _: SCHEDULES),
+    NamedKey("eval.seesaw_action", lambda cfg, _: ALERT_ACTIONS),
+    NamedKey("eval.best_aggregate", lambda cfg, _: EVAL_AGGREGATES),
+    NamedKey("domains.NAME.type", lambda cfg, _: DOMAINS, domain_types),
+    NamedKey("domains.NAME.reward.TERM", terms_of, reward_terms),  # after the types: it reads them
+    NamedKey("monitor.NAME.action", lambda cfg, _: ALERT_ACTIONS, monitor_actions),
+    NamedKey("monitor.sinks", lambda cfg, _: SINKS),
+    NamedKey("pipeline.source", lambda cfg, _: RolloutSources()),
+]
+
+
+def check_names(cfg: Config) -> None:
+    """Raise ConfigError for the first value in `cfg` that names nothing registered."""
+    for row in NAMED_KEYS:
+        for key, value, name in (row.values or functools.partial(value_at, row.pattern))(cfg):
+            row.registry(cfg, name).check(value, key)
+
+
+def value_at(key: str, cfg: Config) -> list[tuple[str, str, str]]:
+    """The value at dotted `key` as (key, value, ''); one per entry when it is a list."""
+    value = functools.reduce(getattr, key.split("."), cfg)
+    return [(key, v, "") for v in (value if isinstance(value, list) else [value])]

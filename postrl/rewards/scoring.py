@@ -1,0 +1,41 @@
+"""Scoring a step's samples: each domain grades its own samples in one batched call, then the
+recipe's weighted reward terms for that domain are applied (`postrl.rewards.composite`).
+
+    scores, reward_s = score_samples(samples, domains, reward_terms)
+
+Pure with respect to the samples: it reads their tasks and responses and returns one `Score` and
+one share of the grading seconds per sample, in order; it sets nothing on them. The engine that
+ran the samples is the one that attaches the scores (`postrl.engines.pipeline.Pending.result`),
+whether the grading ran in a thread here or on a Ray actor that graded copies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from postrl.records import Sample, Score
+from postrl.rewards.composite import apply_terms
+
+
+def score_samples(
+    samples: list[Sample], domains: dict[str, Any], reward_terms: dict[str, dict[str, float]],
+) -> tuple[list[Score], list[float]]:
+    """(Score, seconds) per sample; `reward_terms` is {domain: {term: weight}} (empty: the domain's
+    own reward). The seconds are each domain call's time shared equally among its samples."""
+    by_domain: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_domain.setdefault(s.task.domain, []).append(i)
+    scores: list[Score | None] = [None] * len(samples)
+    seconds = [0.0] * len(samples)
+    for name, idx in by_domain.items():
+        t0 = time.perf_counter()
+        tasks, responses = [samples[i].task for i in idx], [samples[i].response for i in idx]
+        domain = domains[name]
+        graded = domain.score(tasks, responses)
+        components = getattr(domain, "reward_components", None)  # names a verifier may return
+        graded = apply_terms(reward_terms.get(name, {}), tasks, responses, graded, components=components)
+        share = (time.perf_counter() - t0) / len(idx)
+        for i, score in zip(idx, graded):
+            scores[i], seconds[i] = score, share
+    return scores, seconds

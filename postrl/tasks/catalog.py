@@ -1,0 +1,46 @@
+"""Every built-in domain, and building the recipe's domains by registry name.
+
+    domains = build_domains(cfg)                      # {key in cfg.domains: Domain}
+    d = make_domain("arith", {"levels": [2]}, seed=0)
+    available_domains()                               # arith, chat_arith, chat_count, code, sort, rg:...
+
+A recipe's domain is registered under `domains.NAME.type`, or NAME when the type is empty:
+
+    domains:
+      arith: {params: {levels: [2]}}                   # the domain `arith`
+      arith_hard: {type: arith, params: {levels: [5]}} # a second `arith`, its tasks labelled arith_hard
+
+The recipe's key is the domain's name: its tasks carry it, and it keys weights, reward terms and
+metrics. The trainer and the Ray reward actor both build their domains here, the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from postrl.config import Config
+from postrl.tasks import arith, chat_arith, chat_count, code, rgym, sort  # noqa: F401  (each registers its domains)
+from postrl.tasks.base import DOMAINS, Domain
+
+
+def make_domain(type_name: str, params: dict[str, Any] | None = None, seed: int = 0, name: str | None = None) -> Domain:
+    """Build the domain registered as `type_name`, named `name` (default: the type). An unknown
+    type raises ConfigError naming the valid ones (and the recipe's key, when `name` is given)."""
+    key = "" if name is None else f"domains.{name}" if name == type_name else f"domains.{name}.type"
+    factory = DOMAINS.get(type_name, key=key)
+    return factory(dict(params or {}), seed, name or type_name)
+
+
+def available_domains() -> list[str]:
+    return DOMAINS.names()
+
+
+def build_domains(cfg: Config) -> dict[str, Domain]:
+    """The recipe's domains, by key. Reward models (`reward_models`) are registered as reward terms
+    first: a domain's reward terms may name them."""
+    if cfg.reward_models:
+        from postrl.rewards.rm import register_rm_term  # imports transformers: only for runs that use one
+
+        for term, model_dir in cfg.reward_models.items():
+            register_rm_term(term, model_dir)
+    return {name: make_domain(dcfg.type or name, dcfg.params, cfg.seed, name) for name, dcfg in cfg.domains.items()}
