@@ -31,6 +31,9 @@ class Task:
     """Difficulty level within the domain."""
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Domain-specific data the grader needs (tests, reasoning-gym entry, ...)."""
+    messages: tuple[dict[str, str], ...] | None = field(default=None, compare=False, hash=False)
+    """Chat messages (system and user turns) for a chat model, when the domain provides them;
+    None: `prompt` is the one user message. The policy renders them with the model's chat template."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class Score:
     """Named reward terms that make up `reward` (logged separately)."""
     detail: str = ""
     """Short human-readable note (e.g. an error message), for spot checks."""
+    extracted: str | None = None
+    """The answer the verifier graded, as extracted from the response (None: no extraction step)."""
 
 
 @dataclass
