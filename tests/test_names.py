@@ -7,7 +7,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -31,6 +30,7 @@ BAD_NAMES = {
     "eval.best_aggregate": ("eval.best_aggregate=bogus_name", "eval.best_aggregate"),
     "domains.NAME.type": ("domains.arith.type=bogus_name", "domains.arith.type"),
     "domains.NAME.reward.TERM": ("domains.arith.reward.bogus_name=1.0", "domains.arith.reward.bogus_name"),
+    "eval.domains.NAME.type": ("eval.domains.extra.type=bogus_name", "eval.domains.extra.type"),
     "monitor.NAME.action": ("monitor.kl_spike.action=bogus_name", "monitor.kl_spike.action"),
     "monitor.sinks": ("monitor.sinks=[bogus_name]", "monitor.sinks"),
     "pipeline.source": ("pipeline.source=replay:/nonexistent", "pipeline.source"),
@@ -64,7 +64,6 @@ def test_a_bad_name_stops_the_command_before_anything_is_built(pattern, command,
 def test_the_train_command_exits_2_in_a_fresh_process(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "postrl", "train", RECIPE, "rl.loss=bogus_name", f"run.dir={tmp_path / 'run'}"],
         capture_output=True, text=True, env={**os.environ, "POSTRL_CACHE": str(cache)}, timeout=300,
@@ -73,8 +72,7 @@ def test_the_train_command_exits_2_in_a_fresh_process(tmp_path):
     assert done.stderr.splitlines() == [
         "error: config key 'rl.loss' = 'bogus_name': unknown policy loss (expected one of: ppo_clip)"
     ]
-    assert not (tmp_path / "run").exists() and list(cache.iterdir()) == []
-    assert time.perf_counter() - t0 < 120  # imports only: pretraining the model alone takes minutes
+    assert not (tmp_path / "run").exists() and list(cache.iterdir()) == []  # no model loaded or pretrained
 
 
 def test_the_default_recipes_name_only_registered_things():
