@@ -27,6 +27,13 @@ system-deps:
 	    (apt-get update -qq && apt-get install -y -qq bubblewrap python3-seccomp) >/dev/null 2>&1 \
 	      || echo "note: could not install bubblewrap; the sandbox will report a lower isolation level"; \
 	  else echo "note: bubblewrap missing and not root; the sandbox will report a lower isolation level"; fi; }
+	# Debian's chromium: the browser tests open report.html and compare.html in it (headless, through
+	# Playwright's executable_path; Playwright's own browser download is not used). Without it they skip.
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
+	      || echo "note: could not install chromium; the browser tests of the reports will skip"; \
+	  else echo "note: /usr/bin/chromium missing and not root; the browser tests of the reports will skip"; fi; }
 
 demo: setup
 	$(BIN)/python -m postrl.demo

@@ -37,6 +37,7 @@ from postrl.policy.chartok import build_char_tokenizer
 from postrl.tasks import code, sort
 from postrl.tasks.arith import ALPHABET, generate, render, solve
 from postrl.tasks.base import is_heldout
+from postrl.ui import Progress
 
 
 @dataclass
@@ -227,16 +228,18 @@ def pretrain(spec: PretrainSpec, out_dir: str | Path, log=print) -> Path:
     )
     t0 = time.perf_counter()
     model.train()
-    for step in range(spec.steps):
-        x, y = corpus_batch(rng, spec, tok)
-        loss = model(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), labels=y).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 250 == 0 or step == spec.steps - 1:
-            log(f"pretrain step {step:5d}/{spec.steps}  loss {loss.item():.3f}  {time.perf_counter() - t0:.0f}s")
+    with Progress(spec.steps, enabled=None, label="pretrain", stderr=True) as bar:  # a bar on a terminal only
+        for step in range(spec.steps):
+            x, y = corpus_batch(rng, spec, tok)
+            loss = model(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), labels=y).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            bar.update(step + 1, f"loss {loss.item():.3f}")
+            if step % 250 == 0 or step == spec.steps - 1:
+                log(f"pretrain step {step:5d}/{spec.steps}  loss {loss.item():.3f}  {time.perf_counter() - t0:.0f}s")
     out = Path(out_dir)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
@@ -89,11 +88,3 @@ def test_unknown_sink_is_a_user_error(tmp_path):
     assert str(e.value) == ("config key 'monitor.sinks' = 'tensorbord': unknown metric sink; did you mean "
                             "'tensorboard'? (expected one of: jsonl, mlflow, tensorboard, wandb)")
     assert not (tmp_path / "metrics.jsonl").exists()  # checked before any sink opened a file
-
-
-@pytest.mark.parametrize("name", ["mlflow", "wandb"])
-def test_optional_sink_without_its_package_says_what_to_install(tmp_path, name):
-    if importlib.util.find_spec(name) is not None:
-        pytest.skip(f"{name} is installed here")
-    with pytest.raises(UserError, match=f"needs the {name} package"):
-        make_sinks(tmp_path, [name])

@@ -71,7 +71,7 @@ def serve(args) -> int:
             raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
         host, port = server.server_address[:2]
         print(f"postrl sandbox serving on http://{host}:{port} ({pool.n_workers} workers, isolation "
-              f"{pool.isolation})", file=sys.stderr, flush=True)
+              f"{pool.isolation}; {server.limits()}; metrics at /metrics)", file=sys.stderr, flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:

@@ -132,7 +132,7 @@ def load_run(run_dir: str | Path) -> RunData:
 # ---------------------------------------------------------------------------- drawing
 
 
-def _png(fig: Figure) -> str:
+def png(fig: Figure) -> str:
     buf = io.BytesIO()
     FigureCanvasAgg(fig).print_png(buf)
     return base64.b64encode(buf.getvalue()).decode("ascii")
@@ -148,7 +148,7 @@ def _draw_alerts(ax, alerts: list[Alert]) -> None:
 
 def plot_series(title: str, ylabel: str, series: dict[str, list[tuple[int, float]]], alerts: list[Alert]) -> str:
     """A line plot of named (step, value) series with alert lines; returns base64 PNG."""
-    return _png(series_figure(title, ylabel, series, alerts))
+    return png(series_figure(title, ylabel, series, alerts))
 
 
 def series_figure(title: str, ylabel: str, series: dict[str, list[tuple[int, float]]], alerts: list[Alert]) -> Figure:
@@ -209,7 +209,7 @@ def build_figures(run: RunData) -> tuple[list[RenderedPlot], list[str]]:
 
 # ---------------------------------------------------------------------------- page
 
-_CSS = """
+CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}
 h1{margin-bottom:.2em} .sub{color:#666;margin-top:0}
 table{border-collapse:collapse;margin:.5em 0 1.5em} td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
@@ -220,11 +220,15 @@ pre{background:#f7f7f7;padding:1em;overflow:auto}
 """
 
 
-def _fmt(v: float) -> str:
+HEAD = "<!doctype html><html><head><meta charset='utf-8'><link rel=icon href='data:,'>"
+"""Page head; the empty data: icon keeps a browser from asking for a favicon that is not there."""
+
+
+def fmt_number(v: float) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
 
 
-def _table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
+def html_table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
         "<tr>" + "".join(
@@ -239,10 +243,10 @@ def eval_table(evals: list[EvalResult]) -> str:
         return "<p>No eval results (eval/*.json).</p>"
     keys = sorted({k for e in evals for r in e.results.values() for k in r}, key=lambda k: (k != "greedy", k))
     rows = [
-        [html.escape(e.label), html.escape(d)] + [_fmt(r.get(k, math.nan)) for k in keys]
+        [html.escape(e.label), html.escape(d)] + [fmt_number(r.get(k, math.nan)) for k in keys]
         for e in evals for d, r in sorted(e.results.items())
     ]
-    return _table(["eval", "domain"] + keys, rows, numeric_from=2)
+    return html_table(["eval", "domain"] + keys, rows, numeric_from=2)
 
 
 def alerts_table(alerts: list[Alert]) -> str:
@@ -250,7 +254,7 @@ def alerts_table(alerts: list[Alert]) -> str:
         return "<p>No alerts.</p>"
     rows = [[str(a.step), html.escape(a.name), f"<span class={html.escape(a.action)}>{html.escape(a.action)}</span>",
              html.escape(a.message)] for a in alerts]
-    return _table(["step", "monitor", "action", "message"], rows, numeric_from=99)
+    return html_table(["step", "monitor", "action", "message"], rows, numeric_from=99)
 
 
 def summary_table(metrics: dict[int, dict[str, float]]) -> str:
@@ -260,16 +264,16 @@ def summary_table(metrics: dict[int, dict[str, float]]) -> str:
     keys = [k for k in ("reward/mean", "pass_rate", "kl/mean", "entropy", "response_len/mean", "tokens_per_s")
             if k in metrics[last_step]]
     first = metrics[min(metrics)]
-    rows = [[html.escape(k), _fmt(first.get(k, math.nan)), _fmt(metrics[last_step][k])] for k in keys]
-    return _table(["metric", f"step {min(metrics)}", f"step {last_step}"], rows)
+    rows = [[html.escape(k), fmt_number(first.get(k, math.nan)), fmt_number(metrics[last_step][k])] for k in keys]
+    return html_table(["metric", f"step {min(metrics)}", f"step {last_step}"], rows)
 
 
 def render_html(run: RunData) -> str:
     figures, skipped = build_figures(run)
     steps = f"steps {min(run.metrics)}–{max(run.metrics)}" if run.metrics else "no steps logged"
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>postrl report: {html.escape(run.run_dir.name)}</title><style>{_CSS}</style></head><body>",
+        HEAD,
+        f"<title>postrl report: {html.escape(run.run_dir.name)}</title><style>{CSS}</style></head><body>",
         f"<h1>postrl run {html.escape(run.run_dir.name)}</h1>",
         f"<p class=sub>{html.escape(str(run.run_dir))} · {steps} · {len(run.alerts)} alert(s)</p>",
         "<h2>Summary</h2>", summary_table(run.metrics),

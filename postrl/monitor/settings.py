@@ -134,10 +134,48 @@ class NonFiniteConfig:
     """Metric names that must stay finite."""
 
 
+PLUGIN_SETTINGS: dict[str, type] = {}
+"""Settings dataclasses of the monitors that extensions register (`register_monitor(NAME,
+settings=...)` in `postrl.monitor.monitors`), by monitor name. A recipe sets them at
+`monitor.NAME`, like a built-in monitor's; `postrl.config` parses and checks them against the
+dataclass (flat fields: str, int, float, bool and lists or dicts of them) and keeps the values,
+plain, in `MonitorConfig.plugins`, so a config pickles without the extension's classes."""
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str = ""
+    """Where the `mlflow` sink logs (sqlite:///PATH/mlflow.db, http://HOST:5000, ...); empty: the
+    MLFLOW_TRACKING_URI variable, else mlflow's default (sqlite:///mlflow.db in the working directory)."""
+    experiment: str = ""
+    """MLflow experiment, created when missing; empty: MLFLOW_EXPERIMENT_NAME, else 'postrl'."""
+    artifact_location: str = ""
+    """Where a new experiment keeps its artifacts; empty: mlartifacts/ beside a sqlite database,
+    else the tracking server's default."""
+    log_model: bool = True
+    """Upload final/ (the trained model directory) as an artifact when the run ends."""
+
+
+@dataclass
+class WandbConfig:
+    project: str = ""
+    """W&B project; empty: the WANDB_PROJECT variable, else 'postrl'."""
+    entity: str = ""
+    """W&B team or user; empty: WANDB_ENTITY, else your default entity."""
+    mode: str = ""
+    """online | offline | disabled; empty: WANDB_MODE, else wandb's default (online)."""
+    log_model: bool = True
+    """Upload final/ (the trained model directory) as an artifact when the run ends."""
+
+
 @dataclass
 class MonitorConfig:
     sinks: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Metric sinks besides metrics.jsonl (always written): tensorboard, mlflow, wandb."""
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    """Settings of the `mlflow` sink (read only when monitor.sinks names it)."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Settings of the `wandb` sink (read only when monitor.sinks names it)."""
     spot_check_every_steps: int = 10
     """Dump highest/lowest/random samples to samples/step_N.md every N steps (0 = never)."""
     spot_check_k: int = 3
@@ -154,3 +192,14 @@ class MonitorConfig:
     repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
     test_tampering: TamperingConfig = field(default_factory=TamperingConfig)
     non_finite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+    plugins: dict[str, dict] = field(default_factory=dict)
+    """Settings of extension monitors, {name: values}: written `monitor.NAME` in a recipe (see
+    PLUGIN_SETTINGS); read as `cfg.monitor.NAME` like a built-in monitor's."""
+
+    EXTENSIONS = PLUGIN_SETTINGS  # not a field: the extra sections `postrl.config.from_dict` accepts
+
+    def __getattr__(self, name: str):  # only reached for a name that is not a field
+        settings = PLUGIN_SETTINGS.get(name)
+        if settings is None or name == "plugins":
+            raise AttributeError(name)
+        return settings(**self.__dict__.get("plugins", {}).get(name, {}))

@@ -6,8 +6,9 @@
 
 Sinks by registry name: `jsonl` (always: `metrics.jsonl`, one JSON object per line with a
 "step" key), `tensorboard` (event files under `tb/`, written with the tensorboard package's own
-writer), `mlflow` and `wandb` (imported only when named; they read their usual environment
-variables, e.g. MLFLOW_TRACKING_URI, WANDB_PROJECT, WANDB_MODE).
+writer), `mlflow` and `wandb` (`postrl.monitor.trackers`, imported only when named: recipe keys
+`monitor.mlflow.*` and `monitor.wandb.*`, else their usual environment variables). A sink may
+also have `where() -> list[str]`: lines the run prints at its start and end.
 
 Stable metric names (scripts, the report and the monitors rely on these; add, never rename):
 
@@ -45,7 +46,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from postrl.errors import UserError
 from postrl.registry import Registry
 
 METRICS_FILE = "metrics.jsonl"
@@ -140,6 +140,9 @@ class JsonlSink:
     def close(self) -> None:
         pass
 
+    def where(self) -> list[str]:
+        return [f"metrics: {self.path}"]
+
 
 @register_sink("tensorboard")
 class TensorBoardSink:
@@ -167,46 +170,24 @@ class TensorBoardSink:
     def close(self) -> None:
         self._writer.close()
 
-
-def _import_optional(module: str, sink: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise UserError(f"sink '{sink}' needs the {module} package (pip install {module})") from None
+    def where(self) -> list[str]:
+        return [f"TensorBoard: tensorboard --logdir {self.logdir}"]
 
 
 @register_sink("mlflow")
-class MlflowSink:
-    def __init__(self, run_dir: str | Path, run_name: str = "", resume_step: int | None = None):
-        self._mlflow = _import_optional("mlflow", "mlflow")
-        self._run = self._mlflow.start_run(run_name=run_name or Path(run_dir).name)
+def mlflow_sink(run_dir: str | Path, run_name: str = "", resume_step: int | None = None) -> MetricSink:
+    """MLflow (postrl.monitor.trackers); mlflow is imported only when a run names this sink."""
+    from postrl.monitor.trackers import MlflowSink
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=int(step))
-
-    def close(self) -> None:
-        self._mlflow.end_run()
+    return MlflowSink(run_dir, run_name=run_name, resume_step=resume_step)
 
 
 @register_sink("wandb")
-class WandbSink:
-    def __init__(self, run_dir: str | Path, run_name: str = "", resume_step: int | None = None):
-        wandb = _import_optional("wandb", "wandb")
-        # W&B drops steps lower than ones already logged, so a resumed run continues the chart.
-        self._run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "postrl"),
-            name=run_name or Path(run_dir).name,
-            dir=str(run_dir),
-            resume="allow",
-        )
+def wandb_sink(run_dir: str | Path, run_name: str = "", resume_step: int | None = None) -> MetricSink:
+    """Weights & Biases (postrl.monitor.trackers); wandb is imported only when a run names this sink."""
+    from postrl.monitor.trackers import WandbSink
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._run.log({k: float(v) for k, v in metrics.items()}, step=int(step))
-
-    def close(self) -> None:
-        self._run.finish()
+    return WandbSink(run_dir, run_name=run_name, resume_step=resume_step)
 
 
 class MultiSink:
@@ -222,6 +203,10 @@ class MultiSink:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+    def where(self) -> list[str]:
+        """One line per sink that says where it logs (sinks without a `where` method say nothing)."""
+        return [line for sink in self.sinks if callable(getattr(sink, "where", None)) for line in sink.where()]
 
 
 def make_sinks(
