@@ -29,6 +29,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
+import postrl.rewards.extract  # noqa: F401  (registers the term `format`)
 import postrl.rewards.format  # noqa: F401  (registers the format and shaping terms)
 import postrl.rewards.math  # noqa: F401  (registers the term `math`)
 from postrl.errors import UserError

@@ -61,6 +61,9 @@ def _write(out, obj: dict) -> None:
 
 
 def _load(spec: dict):
+    from postrl.extensions import load_from_env
+
+    load_from_env()  # the run's extensions (`imports:`), as the parent had them: they may register the handler
     module, _, func = spec["handler"].partition(":")
     mod = importlib.import_module(module)
     warmup = getattr(mod, "warmup", None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from postrl.config import Config
-from postrl.tasks import arith, chat_arith, chat_count, code, rgym, sort  # noqa: F401  (each registers its domains)
+from postrl.tasks import arith, chat_arith, chat_count, code, dataset, rgym, sort  # noqa: F401  (each registers its domains)
 from postrl.tasks.base import DOMAINS, Domain
 
 
@@ -43,4 +43,15 @@ def build_domains(cfg: Config) -> dict[str, Domain]:
 
         for term, model_dir in cfg.reward_models.items():
             register_rm_term(term, model_dir)
-    return {name: make_domain(dcfg.type or name, dcfg.params, cfg.seed, name) for name, dcfg in cfg.domains.items()}
+    return {name: make_domain(dcfg.type or name, recipe_params(dcfg.type or name, dcfg.params, cfg.base_dir),
+                              cfg.seed, name)
+            for name, dcfg in cfg.domains.items()}
+
+
+def recipe_params(type_name: str, params: dict[str, Any], base_dir: str) -> dict[str, Any]:
+    """A domain's params as a recipe gives them, plus the recipe's directory for a domain that
+    reads files (`uses_base_dir`: relative paths resolve against it) unless they name one."""
+    factory = DOMAINS.get(type_name) if type_name in DOMAINS else None
+    if getattr(factory, "uses_base_dir", False) and base_dir and "base_dir" not in params:
+        return {**params, "base_dir": base_dir}
+    return params

@@ -1,0 +1,394 @@
+"""Verifiers chosen by name: reward functions that also say right or wrong.
+
+    v = make_verifier("numeric", VerifierSettings(tolerance=1e-3))
+    v.score(tasks, responses)      # one Score per response: reward, correct, status, extracted
+
+| name | graded | reference (`Task.answer`) |
+|---|---|---|
+| `math` | math-verify in the supervised pool (`postrl.rewards.math`) | LaTeX or plain math |
+| `exact` | the extracted answer equals the reference (surrounding spaces ignored) | text |
+| `numeric` | within `tolerance` x max(1, |reference|) of the reference | a number, `3/4`, `1,200`, `$5`, `40%` |
+| `choice` | the multiple-choice letter in the extracted answer | a letter (`B`, `(B)`) |
+| `regex` | the extracted answer fully matches the reference pattern | a regular expression |
+| `code` | extracted Python run against the task's tests in the sandbox (`postrl.rewards.code_verifier`) | - |
+| `python:MODULE:FUNCTION` | a user function in supervised workers (`postrl.rewards.user_reward`) | any column |
+| `rm:DIR` | a reward model trained by `postrl rm train` (sigmoid of its score; no verdict) | - |
+
+Each verifier first takes the answer out of the reply with its extractor (`postrl.rewards.extract`,
+the setting `extract`; each verifier has a default), after removing any `<think>` section. A reply
+with no answer in the requested form is wrong (correct False, status ok); a reference that cannot
+be read (`numeric` of "n/a", a bad regex) or a verifier that failed is "could not verify"
+(correct None, status error or timeout), which the trainer never turns into a silent zero.
+
+    >>> s = VerifierSettings()
+    >>> [x.correct for x in make_verifier("numeric", s).grade(["0.5", "1/2"], ["x = 1/2", "0.50001"])]
+    [True, False]
+    >>> make_verifier("choice", s).grade(["B"], ["The answer is (B)."])[0].extracted
+    'B'
+    >>> make_verifier("regex", s).grade([r"\\d+ apples"], ["12 apples"])[0].correct
+    True
+    >>> make_verifier("exact", s).grade(["Paris"], ["<think>Lyon?</think> Paris "])[0].correct
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Protocol
+
+from postrl.errors import ConfigError
+from postrl.records import Response, Score, Task
+from postrl.registry import Registry
+from postrl.rewards.extract import make_extractor
+
+
+@dataclass(frozen=True)
+class VerifierSettings:
+    """What a verifier may be configured with (a dataset domain's params pass them on)."""
+
+    extract: str = ""
+    """Extractor name; empty = the verifier's default."""
+    tolerance: float = 1e-6
+    """numeric: relative tolerance, |answer - reference| <= tolerance * max(1, |reference|)."""
+    timeout_s: float = 10.0
+    """Deadline of one user reward call or one program's test run, in seconds."""
+    tests_style: str = "assert"
+    """code: assert | check | io."""
+    memory_mb: int = 512
+    """code: memory cap of one sandboxed program."""
+    workers: int = 0
+    """Sandbox or reward worker processes; 0 = one per CPU core."""
+    allow_unisolated: bool = False
+    """code: run without namespace isolation when bubblewrap is unavailable."""
+    sandbox_url: str = ""
+    """code: a SandboxFusion-compatible server instead of a local pool."""
+    base_dir: str = ""
+    """Directory that `rm:DIR` and user modules resolve against (the recipe's)."""
+
+
+class Verifier(Protocol):
+    reward_components: tuple[str, ...]
+    extract_spec: str
+
+    def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]: ...
+
+    def close(self) -> None: ...
+
+
+VERIFIERS = Registry("verifier")
+"""Name -> factory(argument, VerifierSettings) -> Verifier. `python:MODULE:FUNCTION` is the
+entry `python` with the argument MODULE:FUNCTION, `rm:DIR` the entry `rm` with DIR. The config
+key is `domains.NAME.params.verifier`."""
+
+ANSWER_COMPONENTS = ("correct",)
+
+
+def verifier_name(spec: str) -> tuple[str, str]:
+    """('python', 'mod:fn') for 'python:mod:fn'; ('exact', '') for 'exact'."""
+    name, _, arg = spec.partition(":")
+    return name, arg
+
+
+def check_verifier(spec: str, key: str = "", base_dir: str = "") -> None:
+    """ConfigError naming `key` unless `spec` names a verifier with a well-formed argument."""
+    name, arg = verifier_name(spec)
+    VERIFIERS.check(name, key)
+    problem = getattr(VERIFIERS.get(name), "check_argument", _no_argument)(arg, base_dir)
+    if problem:
+        raise ConfigError(f"config key '{key}' = {spec!r}: {problem}")
+
+
+def _no_argument(arg: str, base_dir: str) -> str:
+    return "this verifier takes no argument" if arg else ""
+
+
+def make_verifier(spec: str, settings: VerifierSettings, key: str = "") -> Verifier:
+    check_verifier(spec, key, settings.base_dir)
+    name, arg = verifier_name(spec)
+    return VERIFIERS.get(name)(arg, settings)
+
+
+# ---------------------------------------------------------------------------- answer verifiers
+
+
+class GoldUnreadable(ValueError):
+    """The reference answer cannot be read: the verdict is 'could not verify'."""
+
+
+Compare = Callable[[str, str], "bool | None"]
+"""(reference, extracted answer) -> right or wrong; None: no answer of the right kind in it."""
+
+
+class AnswerVerifier:
+    """Extract, then compare with the reference, in this process (the comparisons are cheap)."""
+
+    reward_components = ANSWER_COMPONENTS
+
+    def __init__(self, compare: Compare, settings: VerifierSettings, default_extract: str,
+                 normalize: Callable[[str], str | None] | None = None):
+        self.compare = compare
+        self.normalize = normalize
+        """Turns the extracted text into the answer graded (choice: the letter), None: no answer."""
+        self.extract_spec = settings.extract or default_extract
+        self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
+
+    def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]:
+        return self.grade([t.answer for t in tasks], [r.text for r in responses])
+
+    def grade(self, golds: Sequence[str], replies: Sequence[str]) -> list[Score]:
+        answers = [self.extractor(text) for text in replies]
+        if self.normalize is not None:
+            answers = [None if a is None else self.normalize(a) for a in answers]
+        return [self._one(str(g), a) for g, a in zip(golds, answers, strict=True)]
+
+    def _one(self, gold: str, answer: str | None) -> Score:
+        try:
+            right = None if answer is None else self.compare(gold, answer)
+        except GoldUnreadable as e:
+            return Score(0.0, None, "error", {}, f"reference {gold[:60]!r}: {e}", extracted=answer)
+        if right is None:
+            return Score(0.0, False, "ok", {"correct": 0.0}, "no answer in the requested form", extracted=answer)
+        return Score(float(right), right, "ok", {"correct": float(right)}, extracted=answer)
+
+    def close(self) -> None:
+        pass
+
+
+def _register_answer(name: str, default_extract: str, make_compare: Callable[[VerifierSettings], Compare],
+                     normalize: Callable[[str], str | None] | None = None) -> None:
+    def make(arg: str, settings: VerifierSettings) -> AnswerVerifier:
+        return AnswerVerifier(make_compare(settings), settings, default_extract, normalize)
+
+    make.reward_components = ANSWER_COMPONENTS
+    VERIFIERS.add(name, make)
+
+
+def exact(gold: str, answer: str) -> bool:
+    """Equal after stripping surrounding whitespace (case and inner spaces count)."""
+    return answer.strip() == gold.strip()
+
+
+_NUM = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+
+
+def parse_number(text: str) -> Fraction | None:
+    """`1,250.5`, `-3/4`, `$5`, `40%` (as 40), `1e3` -> an exact Fraction; None when not a number.
+
+    >>> parse_number("$1,250.50"), parse_number("3/4"), parse_number("1e3"), parse_number("n/a")
+    (Fraction(2501, 2), Fraction(3, 4), Fraction(1000, 1), None)
+    """
+    t = text.strip().replace(",", "").replace("$", "").rstrip("%").strip()
+    try:
+        if "/" in t:
+            num, den = t.split("/", 1)
+            return Fraction(Fraction(num.strip()), Fraction(den.strip()))
+        return Fraction(t)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def numeric_within(tolerance: float) -> Compare:
+    """Numerically equal: |answer - reference| <= tolerance * max(1, |reference|)."""
+
+    def numeric(gold: str, answer: str) -> bool | None:
+        ref = parse_number(gold)
+        if ref is None:
+            raise GoldUnreadable("not a number")
+        got = parse_number(answer)
+        if got is None:  # "x = 42": the last number in the extracted text
+            found = _NUM.findall(answer)
+            got = parse_number(found[-1]) if found else None
+        if got is None:
+            return None
+        return abs(float(got - ref)) <= tolerance * max(1.0, abs(float(ref)))
+
+    return numeric
+
+
+_LETTER = re.compile(r"\(?([A-Z])\)?[.:)]?")
+_LETTER_SAID = re.compile(r"(?:answer|option|choice)\s*(?:is|:)?\s*\(?([A-Z])\b\)?", re.IGNORECASE)
+_LETTER_BRACKETED = re.compile(r"\(([A-Z])\)")
+
+
+def choice_letter(text: str) -> str | None:
+    """The letter a reply chooses: the whole text is a letter (`B`, `(B)`, `B.`), else the last
+    'answer is B' / 'option: B', else the last bracketed capital `(B)`.
+
+    >>> choice_letter("(C)"), choice_letter("I think the answer is b."), choice_letter("maybe")
+    ('C', 'B', None)
+    """
+    t = text.strip()
+    whole = _LETTER.fullmatch(t)
+    if whole:
+        return whole.group(1)
+    for pattern in (_LETTER_SAID, _LETTER_BRACKETED):
+        found = pattern.findall(t)
+        if found:
+            return found[-1].upper()
+    return None
+
+
+def choice(gold: str, letter: str) -> bool:
+    """The chosen letter (`choice_letter` of the extracted answer) equals the reference letter."""
+    ref = _LETTER.fullmatch(gold.strip().upper())
+    if ref is None:
+        raise GoldUnreadable("not a choice letter")
+    return letter == ref.group(1)
+
+
+def regex(gold: str, answer: str) -> bool:
+    """The reference is a pattern the whole (stripped) answer must match."""
+    try:
+        pattern = re.compile(gold, re.DOTALL)
+    except re.error as e:
+        raise GoldUnreadable(f"bad pattern ({e})") from None
+    return pattern.fullmatch(answer.strip()) is not None
+
+
+_register_answer("exact", "none", lambda settings: exact)
+_register_answer("numeric", "last_number", lambda settings: numeric_within(settings.tolerance))
+_register_answer("choice", "none", lambda settings: choice, normalize=choice_letter)
+_register_answer("regex", "none", lambda settings: regex)
+
+
+# ---------------------------------------------------------------------------- math
+
+
+class MathAnswer:
+    """math-verify through the shared supervised pool (`postrl.rewards.math.default_verifier`).
+    With extraction `none` (the default), math-verify finds the answer itself (`\\boxed{}` first,
+    then the last expression); with another extractor the extracted text is what it parses."""
+
+    reward_components = ANSWER_COMPONENTS
+
+    def __init__(self, arg: str, settings: VerifierSettings):
+        self.extract_spec = settings.extract or "none"
+        self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
+
+    def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]:
+        return self.grade([t.answer for t in tasks], [r.text for r in responses])
+
+    def grade(self, golds: Sequence[str], replies: Sequence[str]) -> list[Score]:
+        from postrl.rewards.math import default_verifier  # starts worker processes: only when used
+
+        answers = [self.extractor(text) for text in replies]
+        pairs = [(str(g), a if self.extract_spec == "none" else f"\\boxed{{{a}}}")
+                 for g, a in zip(golds, answers, strict=True) if a is not None]
+        verdicts = iter(default_verifier().verify(pairs) if pairs else [])
+        out = []
+        for a in answers:
+            if a is None:
+                out.append(Score(0.0, False, "ok", {"correct": 0.0}, "no answer in the requested form"))
+            else:
+                s = next(verdicts)
+                s.extracted = a
+                out.append(s)
+        return out
+
+    def close(self) -> None:
+        pass  # the pool is shared by the process and closed at exit
+
+
+MathAnswer.check_argument = staticmethod(_no_argument)
+VERIFIERS.add("math", MathAnswer)
+
+
+# ---------------------------------------------------------------------------- reward models
+
+
+class RewardModelVerifier:
+    """`rm:DIR`: a reward model's sigmoid score of (prompt, extracted reply) as the reward, with
+    component `rm`. It has no notion of right and wrong: correct is None, status ok."""
+
+    reward_components = ("rm",)
+
+    def __init__(self, arg: str, settings: VerifierSettings):
+        from postrl.rewards.rm import RewardModel  # imports transformers: only for runs that use one
+
+        self.extract_spec = settings.extract or "none"
+        self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
+        self.model = RewardModel.load(resolve(arg, settings.base_dir))
+
+    def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]:
+        import math
+
+        answers = [self.extractor(r.text) or "" for r in responses]
+        raw = self.model.score([t.prompt for t in tasks], answers)
+        return [Score(r, None, "ok", {"rm": r}, extracted=a)
+                for r, a in zip((1.0 / (1.0 + math.exp(-s)) for s in raw), answers)]
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def check_argument(arg: str, base_dir: str) -> str:
+        if not arg:
+            return "expected rm:DIR, a reward model directory from `postrl rm train`"
+        path = resolve(arg, base_dir)
+        return "" if (path / "config.json").is_file() else f"no reward model at {path}"
+
+
+VERIFIERS.add("rm", RewardModelVerifier)
+
+
+def resolve(path: str, base_dir: str) -> Path:
+    """`path`, relative ones taken from `base_dir` (the recipe's directory) when it is set."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or not base_dir else Path(base_dir) / p
+
+
+# ---------------------------------------------------------------------------- the others
+
+# `code` (postrl.rewards.code_verifier) and `python:MODULE:FUNCTION` (postrl.rewards.user_reward)
+# register themselves when imported; the dataset domain imports them, so the names are known
+# wherever domains are.
+CODE_COMPONENTS = ("compiles", "tests", "tests_frac", "penalty_timeout", "penalty_memory", "penalty_output")
+
+
+def load_function(spec: str, paths: Sequence[str] = ()) -> Callable:
+    """The function `MODULE:FUNCTION` names, importing MODULE with `paths` searched first."""
+    module, _, name = spec.partition(":")
+    added = [p for p in paths if p and p not in sys.path]
+    sys.path[:0] = added
+    try:
+        fn = getattr(importlib.import_module(module), name, None)
+    finally:
+        for p in added:
+            sys.path.remove(p)
+    if not callable(fn):
+        raise AttributeError(f"module {module} has no function {name}")
+    return fn
+
+
+def check_python_function(arg: str, base_dir: str) -> str:
+    """'' when `arg` is MODULE:FUNCTION naming a function that imports, else what is wrong."""
+    module, _, function = arg.partition(":")
+    if not module or not function:
+        return "expected python:MODULE:FUNCTION"
+    try:
+        load_function(arg, [base_dir])
+    except Exception as e:  # noqa: BLE001 - any failure to import the user's module is reported as such
+        return f"cannot load {arg}: {type(e).__name__}: {e}"
+    return ""
+
+
+def components_of(spec: str) -> tuple[str, ...]:
+    """The reward components a verifier's scores carry (what `reward:` may weight)."""
+    name, _ = verifier_name(spec)
+    return getattr(VERIFIERS.get(name), "reward_components", ()) if name in VERIFIERS else ()
+
+
+class VerifierNames:
+    """What `postrl.names` checks `domains.NAME.params.verifier` against."""
+
+    def __init__(self, base_dir: str = ""):
+        self.base_dir = base_dir
+
+    def check(self, name: str, key: str = "") -> None:
+        check_verifier(name, key, self.base_dir)

@@ -1,0 +1,226 @@
+"""The `dataset` domain: every file format, bad rows, the held-out split, epochs without
+replacement, paths relative to the recipe, and a 2-step training run whose rollout store keeps
+each row's columns and the extracted answer."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from postrl.checkpoint import CheckpointManager
+from postrl.cli import main
+from postrl.config import load_config
+from postrl.errors import UserError
+from postrl.records import Response
+from postrl.rewards.extract import extract
+from postrl.store.query import query
+from postrl.tasks.catalog import make_domain
+
+ROWS = [{"question": f"{a}+{b}=", "answer": f"#### {a + b}", "level": f"Level {1 + a % 3}"}
+        for a, b in [(12, 34), (5, 7), (40, 2), (19, 23), (8, 8), (31, 11), (66, 3), (27, 15)]]
+DATA = Path(__file__).resolve().parents[1] / "postrl" / "data"
+
+
+def write(path: Path, rows: list[dict], fmt: str) -> Path:
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif fmt == "json":
+        path.write_text(json.dumps(rows, indent=1))
+    elif fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif fmt == "csv":
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    else:
+        import datasets
+
+        datasets.Dataset.from_list(rows).save_to_disk(str(path))
+    return path
+
+
+def gsm(path, **params):
+    return make_domain("dataset", {"path": str(path), "prompt": "{question}", "answer": "answer",
+                                   "verifier": "numeric", "heldout_percent": 25, **params}, seed=0, name="gsm")
+
+
+@pytest.mark.parametrize("fmt, suffix", [("jsonl", ".jsonl"), ("json", ".json"), ("parquet", ".parquet"),
+                                         ("csv", ".csv"), ("disk", "")])
+def test_every_format_loads_the_same_tasks(tmp_path, fmt, suffix):
+    d = gsm(write(tmp_path / f"rows{suffix}", ROWS, fmt), level="level")
+    tasks = d._train + d._heldout
+    assert sorted(t.prompt for t in tasks) == sorted(r["question"] for r in ROWS)
+    t = next(t for t in tasks if t.prompt == "12+34=")
+    assert t.answer == "46" and t.level == 1 and t.meta["row"] == ROWS[0]
+    assert t.messages == ({"role": "user", "content": "12+34="},)
+    assert d.levels == sorted({t.level for t in d._train})
+
+
+def test_json_lines_in_a_json_file_and_line_numbers_of_an_array(tmp_path):
+    lines = tmp_path / "rows.json"
+    write(lines, ROWS, "jsonl")
+    assert len(gsm(lines)._train + gsm(lines)._heldout) == len(ROWS)
+    array = tmp_path / "bad.json"
+    array.write_text("[\n" + json.dumps(ROWS[0]) + ",\n\n" + json.dumps({"question": "1+1="}) + "\n]")
+    with pytest.raises(UserError) as e:
+        gsm(array)
+    assert str(e.value).startswith(f"{array}:4: column 'answer': missing")  # the line the item starts on
+
+
+def test_a_bad_row_stops_with_file_line_and_column_or_is_skipped(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    lines = [json.dumps(ROWS[0]), json.dumps({"question": "1+1=", "answer": ["2"]}), "not json",
+             json.dumps({"answer": "2"}), json.dumps(ROWS[1])]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError) as e:
+        gsm(path)
+    assert str(e.value).splitlines() == [
+        f"{path}:2: column 'answer': expected text or a number, got list (domain gsm; on_bad_row: skip leaves such rows out)"]
+    d = gsm(path, on_bad_row="skip", heldout_percent=1)
+    assert len(d._train + d._heldout) == 2 and len(d.skipped) == 3
+    assert [s.split(": ", 1)[0] for s in d.skipped] == [f"{path}:2", f"{path}:3", f"{path}:4"]
+    assert "column 'question': missing" in d.skipped[2]
+    assert "skipped 3 bad rows" in capsys.readouterr().err
+
+
+def test_params_are_checked(tmp_path):
+    path = write(tmp_path / "rows.jsonl", ROWS, "jsonl")
+    for params, key in [({"prompt": ""}, "prompt"), ({"messages": "m"}, "prompt"), ({"answer": ""}, "answer"),
+                        ({"verifier": "code"}, "tests"), ({"on_bad_row": "ignore"}, "on_bad_row"),
+                        ({"heldout_percent": 0}, "heldout_percent"), ({"colour": 1}, "colour")]:
+        with pytest.raises(UserError, match=f"domains.gsm.params.{key}"):
+            gsm(path, **params)
+
+
+def test_heldout_is_a_fixed_hash_split_or_its_own_file(tmp_path):
+    path = write(tmp_path / "rows.jsonl", ROWS * 1, "jsonl")
+    a, b = gsm(path, heldout_percent=40), make_domain(
+        "dataset", {"path": str(path), "prompt": "{question}", "answer": "answer", "verifier": "numeric",
+                    "heldout_percent": 40}, seed=7, name="gsm")
+    assert [t.task_id for t in a.heldout(10)] == [t.task_id for t in b.heldout(10)]
+    assert not {t.task_id for t in a._train} & {t.task_id for t in a._heldout}
+    rng = random.Random(0)
+    assert {a.sample(rng).task_id for _ in range(50)} == {t.task_id for t in a._train}
+    test = write(tmp_path / "test.jsonl", ROWS[:3], "jsonl")
+    c = gsm(path, heldout_percent=None, heldout_path=str(test))
+    assert len(c._train) == len(ROWS) and [t.prompt for t in c.heldout(5)] == [r["question"] for r in ROWS[:3]]
+    with pytest.raises(UserError, match="no held-out rows"):
+        gsm(write(tmp_path / "one.jsonl", ROWS[:1], "jsonl"), heldout_percent=1).heldout(5)
+
+
+def test_epochs_draw_every_row_once_and_resume_exactly(tmp_path):
+    d = gsm(write(tmp_path / "rows.jsonl", ROWS, "jsonl"), heldout_percent=1)
+    n = len(d._train)
+    rng = random.Random(3)
+    first = [d.sample(rng).task_id for _ in range(n)]
+    assert sorted(first) == sorted(t.task_id for t in d._train) and d.epoch == 1
+    d.sample(rng)
+    state, rng_state = json.loads(json.dumps(d.state_dict())), rng.getstate()
+    rest = [d.sample(rng).task_id for _ in range(2 * n)]
+    assert d.epoch == 4  # 3n + 1 draws: the fourth epoch has begun
+    again = gsm(tmp_path / "rows.jsonl", heldout_percent=1)
+    again.load_state_dict(state)
+    rng.setstate(rng_state)
+    assert [again.sample(rng).task_id for _ in range(2 * n)] == rest
+    lv = gsm(tmp_path / "rows.jsonl", heldout_percent=1, level="level")
+    assert {lv.sample(rng, level=2).level for _ in range(5)} == {2}
+
+
+def test_messages_column_and_system_prompt(tmp_path):
+    rows = [{"chat": [{"role": "user", "content": "Capital of France?"}], "answer": "Paris"},
+            {"chat": [{"role": "system", "content": "Own."}, {"role": "user", "content": "Capital of Italy?"}],
+             "answer": "Rome"}]
+    d = make_domain("dataset", {"path": str(write(tmp_path / "c.jsonl", rows, "jsonl")), "messages": "chat",
+                                "system": "Answer in one word.", "answer": "answer", "verifier": "exact",
+                                "heldout_percent": 1}, seed=0, name="qa")
+    tasks = sorted(d._train + d._heldout, key=lambda t: t.answer)
+    assert tasks[0].messages == ({"role": "system", "content": "Answer in one word."},
+                                 {"role": "user", "content": "Capital of France?"})
+    assert tasks[1].messages[0]["content"] == "Own." and tasks[1].prompt == "Capital of Italy?"
+    assert [s.correct for s in d.score(tasks, [Response("Paris", "stop"), Response("Milan", "stop")])] == [True, False]
+
+
+def test_the_shipped_fixtures_load_and_grade(tmp_path):
+    g = make_domain("dataset", {"path": str(DATA / "gsm_symbolic_train.jsonl"),
+                                "heldout_path": str(DATA / "gsm_symbolic_test.jsonl"), "prompt": "{question}",
+                                "answer": "answer", "verifier": "numeric", "extract": "hash"}, seed=0, name="gsm")
+    t = g.heldout(1)[0]
+    assert t.answer.isdigit() and g.score([t], [Response(f"...\n#### {t.answer}", "stop")])[0].correct
+    c = make_domain("dataset", {"path": str(DATA / "choice.jsonl"), "prompt": "{question}\n{options}",
+                                "answer": "answer", "verifier": "choice", "heldout_percent": 20}, seed=0, name="mc")
+    t = c._train[0]
+    assert c.score([t], [Response(f"The answer is ({t.answer}).", "stop")])[0].correct
+    rows = [json.loads(x) for x in (DATA / "mbpp_style.jsonl").read_text().splitlines()]
+    assert len(rows) >= 10 and all(r["test_list"] and r["code"] for r in rows)
+
+
+def test_the_gsm_fixtures_are_what_the_exporter_makes():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fixtures", DATA.parents[1] / "scripts" / "make_data_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for split, rows in module.gsm_rows().items():
+        shipped = [json.loads(x) for x in (DATA / f"gsm_symbolic_{split}.jsonl").read_text().splitlines()]
+        assert shipped == rows and all("\n#### " in r["answer"] or r["answer"].startswith("#### ") for r in rows)
+
+
+def test_two_step_training_on_a_jsonl_dataset_stores_the_rows(tiny_model_dir, tmp_path, capsys):
+    """A recipe next to its data (relative path), the tiny character-level model, 2 steps."""
+    rows = [{"question": f"{a}+{b}=", "answer": f"#### {a + b}", "source": f"row{i}"}
+            for i, (a, b) in enumerate((random.Random(0).randint(10, 60), random.Random(i).randint(10, 39))
+                                       for i in range(40))]
+    (tmp_path / "data").mkdir()
+    write(tmp_path / "data" / "sums.jsonl", rows, "jsonl")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "domains:\n  sums:\n    type: dataset\n    params: {path: data/sums.jsonl, prompt: '{question}', answer: answer,\n"
+        "             verifier: numeric, extract: last_number, heldout_percent: 20}\n")
+    run_dir = tmp_path / "run"
+    code = main(["train", str(recipe), f"model.name={tiny_model_dir}", f"run.dir={run_dir}", "train.total_steps=2",
+                 "train.prompts_per_step=4", "train.samples_per_prompt=4", "eval.num_problems=4",
+                 "eval.samples_per_problem=2", "eval.k=[1]", "run.progress=false", "rl.entropy_coef=0.01",
+                 "checkpoint.every_steps=1"])
+    assert code == 0
+    sql = ("SELECT json_extract_string(task_columns, '$.source') AS source, answer, "
+           "json_extract_string(task_columns, '$.answer') AS raw, extracted, completion FROM rollouts")
+    assert main(["rollouts", str(run_dir), "--sql", sql]) == 0  # queryable from the command line
+    assert "row" in capsys.readouterr().out
+    result = query(run_dir, sql)
+    out = [dict(zip(result.columns, row)) for row in result.rows]
+    by_source = {r["source"]: r for r in rows}
+    assert len(out) == 2 * 4 * 4
+    for r in out:
+        assert by_source[r["source"]]["answer"] == r["raw"] == f"#### {r['answer']}"
+        assert r["extracted"] == extract("last_number", r["completion"])
+    assert (run_dir / "eval" / "step_2.json").is_file()
+    state = CheckpointManager(run_dir).latest_valid().load_state()  # the epoch cursor is checkpointed
+    assert state["domains"]["sums"]["epoch"] == 1 and state["domains"]["sums"]["cursor"] == 8
+
+
+def test_train_epochs_sets_the_steps_and_draws_every_training_row_once(tiny_model_dir, tmp_path):
+    """train.epochs=1 over 12 training rows at 4 prompts a step: 3 steps, each row drawn once."""
+    rows = [{"question": f"{a}+{a}=", "answer": str(2 * a)} for a in range(10, 25)]
+    write(tmp_path / "train.jsonl", rows[:12], "jsonl")
+    write(tmp_path / "test.jsonl", rows[12:], "jsonl")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "domains:\n  sums:\n    type: dataset\n    params: {path: train.jsonl, heldout_path: test.jsonl,\n"
+        "             prompt: '{question}', answer: answer, verifier: numeric, extract: last_number}\n")
+    run_dir = tmp_path / "run"
+    code = main(["train", str(recipe), f"model.name={tiny_model_dir}", f"run.dir={run_dir}", "train.epochs=1",
+                 "train.prompts_per_step=4", "train.samples_per_prompt=2", "eval.num_problems=3",
+                 "eval.samples_per_problem=2", "eval.k=[1]", "run.progress=false"])
+    assert code == 0
+    assert load_config(run_dir / "config.yaml").train.total_steps == 3  # the resolved steps are saved
+    result = query(run_dir, "SELECT step, prompt FROM rollouts WHERE sample % 2 = 0 ORDER BY step, sample")
+    prompts = [p for _, p in result.rows]
+    assert sorted(prompts) == sorted(r["question"] for r in rows[:12])  # every row once, no held-out row
+    assert {s for s, _ in result.rows} == {0, 1, 2}
