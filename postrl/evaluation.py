@@ -12,6 +12,7 @@ from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.registry import Registry
 from postrl.tasks.base import Domain
+from postrl.ui import Progress
 
 EVAL_AGGREGATES = Registry("eval aggregate", key="eval.best_aggregate")
 """How the domains' `eval.best_metric` values combine into the best-checkpoint score."""
@@ -31,13 +32,14 @@ def worst_domain(values: list[float]) -> float:
 
 def count_correct(
     policy: Policy, domain: Domain, tasks: list, samples_per_problem: int, temperature: float,
-    max_new_tokens: int, seed: int = 0,
+    max_new_tokens: int, seed: int = 0, stop: tuple[str, ...] = (),
 ) -> tuple[list[bool], list[int]]:
     """Per problem: is the greedy answer correct, and how many of `samples_per_problem` samples are."""
-    greedy = policy.sample(tasks, 1, GenParams(max_new_tokens, greedy=True))
+    greedy = policy.sample(tasks, 1, GenParams(max_new_tokens, greedy=True, stop_strings=stop))
     greedy_ok = [bool(s.correct) for s in domain.score(tasks, [x.response for x in greedy])]
     gen = torch.Generator().manual_seed(seed)
-    sampled = policy.sample(tasks, samples_per_problem, GenParams(max_new_tokens, temperature=temperature), gen)
+    sampled = policy.sample(tasks, samples_per_problem,
+                            GenParams(max_new_tokens, temperature=temperature, stop_strings=stop), gen)
     scores = domain.score([s.task for s in sampled], [s.response for s in sampled])
     correct = [0] * len(tasks)
     for s, sc in zip(sampled, scores):
@@ -54,9 +56,11 @@ def evaluate_domain(
     temperature: float,
     max_new_tokens: int,
     seed: int = 0,
+    stop: tuple[str, ...] = (),
 ) -> dict[str, float]:
     tasks = domain.heldout(num_problems)
-    greedy_ok, correct = count_correct(policy, domain, tasks, samples_per_problem, temperature, max_new_tokens, seed)
+    greedy_ok, correct = count_correct(policy, domain, tasks, samples_per_problem, temperature, max_new_tokens,
+                                       seed, stop)
     result = {"greedy": sum(greedy_ok) / len(tasks)}
     for k in ks:
         result[f"pass@{k}"] = sum(pass_at_k(samples_per_problem, c, k) for c in correct) / len(tasks)
@@ -65,5 +69,20 @@ def evaluate_domain(
     return result
 
 
-def evaluate(policy: Policy, domains: dict[str, Domain], **kwargs) -> dict[str, dict[str, float]]:
-    return {name: evaluate_domain(policy, d, **kwargs) for name, d in domains.items()}
+def evaluate(
+    policy: Policy, domains: dict[str, Domain], limits: dict[str, tuple[int, tuple[str, ...]]] | None = None,
+    progress: Progress | None = None, **kwargs,
+) -> dict[str, dict[str, float]]:
+    """`evaluate_domain` for each domain; `limits` gives a domain its own (max_new_tokens, stop
+    strings) in place of kwargs' max_new_tokens (`postrl.config.generation_limits`). `progress`,
+    when given (not while training: its bar is live), counts the domains done, with an ETA."""
+    limits = limits or {}
+    result = {}
+    for name, d in domains.items():
+        if progress is not None:
+            progress.update(len(result), f"{name}...")
+        own = dict(zip(("max_new_tokens", "stop"), limits[name])) if name in limits else {}
+        result[name] = evaluate_domain(policy, d, **(kwargs | own))
+        if progress is not None:
+            progress.update(len(result), f"{name}: greedy {result[name]['greedy']:.3f}")
+    return result

@@ -38,9 +38,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from postrl.config import Config, load_config
+from postrl.config import Config
 from postrl.curriculum.dynamic import FillResult, fill_batch, passthrough
 from postrl.errors import UserError
+from postrl.extensions import load_recipe
 from postrl.records import Sample, Task
 from postrl.run import Run, StepRecord, open_run
 from postrl.seeding import step_generator
@@ -50,6 +51,7 @@ def train(cfg: Config, log=print, resume: bool = False) -> Path:
     """Run RL post-training as configured; returns the run directory (trained model in final/)."""
     run = open_run(cfg, log, resume)
     learner, step, stopped = run.learner, run.start_step, False
+    run.evaluate_at_start()  # eval.at_start: the base model's scores, the seesaw's first reference
     with run.progress:
         while step < cfg.train.total_steps and not stopped:
             # 1-3. tasks drawn by the curriculum, sampled and scored (K > 0: submitted K steps ahead)
@@ -107,9 +109,9 @@ def refill(run: Run, step: int, samples: list[Sample]) -> FillResult:
     return fill_batch(samples, draw, t.samples_per_prompt, c.max_extra_draws, t.minibatches)
 
 
-def resume_config(run_dir: str | Path, overrides: list[str]) -> Config:
+def resume_config(run_dir: str | Path, overrides: list[str], imports: list[str] = ()) -> Config:
     """The config a run was started with, plus overrides (e.g. a larger train.total_steps)."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise UserError(f"cannot resume {run_dir}: no config.yaml (is it a postrl run directory?)")
-    return load_config(path, overrides)
+    return load_recipe(path, overrides, imports)  # its imports loaded first: they may define its names

@@ -1,0 +1,309 @@
+"""The user's side of postrl: the Python API with callable rewards, extensions (`imports:` and
+`--import`), per-domain generation limits, chat prompts, eval-only domains and `eval --recipe`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import postrl
+from postrl.cli import main
+from postrl.config import load_config
+from postrl.engines.pipeline import Order, generate
+from postrl.errors import ConfigError, UserError
+from postrl.extensions import load_recipe
+from postrl.policy.policy import Policy
+from postrl.records import Response, Task
+from postrl.rewards.callable_reward import CallableTerm
+from postrl.store.rollouts import read_rows
+
+RECIPE = "recipes/default.yaml"
+FAST = ["train.total_steps=2", "train.prompts_per_step=4", "train.samples_per_prompt=4", "eval.num_problems=4",
+        "eval.samples_per_problem=2", "eval.k=[1]", "run.progress=false", "monitor.spot_check_every_steps=0",
+        "monitor.sinks=[]"]
+QUIET = lambda *a: None  # noqa: E731
+
+
+def fast(model_dir, run_dir, *extra) -> list[str]:
+    return [f"model.name={model_dir}", f"run.dir={run_dir}", *FAST, *extra]
+
+
+# ---- import postrl stays light ------------------------------------------------------------------
+
+
+def test_import_postrl_and_help_do_not_load_torch():
+    code = ("import sys, postrl, postrl.cli\n"
+            "try:\n    postrl.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert callable(postrl.__getattr__) and 'postrl.api' not in sys.modules\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert postrl.train.__module__ == "postrl.api" and postrl.evaluate.__module__ == "postrl.api"
+
+
+# ---- the Python API with callable rewards --------------------------------------------------------
+
+
+def test_python_api_with_a_callable_reward_trains_and_changes_the_weights(tiny_model_dir, tmp_path):
+    seen = []
+
+    def short(prompts, completions, answer=None, **columns):  # a closure: it would not pickle
+        seen.append(len(completions))
+        return [1.0 if len(c) <= 3 else 0.0 for c in completions]
+
+    run_dir = postrl.train(RECIPE, overrides=fast(tiny_model_dir, tmp_path / "run"), reward_funcs=[short], log=QUIET)
+    assert run_dir == tmp_path / "run" and seen and set(seen) == {4}  # one call per group of 4
+    rows = read_rows(run_dir)
+    assert len(rows) == 2 * 16 and all("short" in r.reward_components for r in rows)
+    assert all(r.reward == r.reward_components["reward"] + r.reward_components["short"] for r in rows)
+    before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(run_dir / "final" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert "short" not in __import__("postrl.rewards.terms", fromlist=["TERMS"]).TERMS  # registered for one run
+
+
+def test_a_callable_reward_that_hangs_or_raises_is_a_recorded_status(tiny_model_dir, tmp_path):
+    def hangs(prompts, completions, **columns):
+        time.sleep(5)
+
+    def raises(prompts, completions, **columns):
+        raise ValueError("boom")
+
+    for fn, status, detail in ((hangs, "timeout", "no answer within 0.2s"), (raises, "error", "ValueError: boom")):
+        run_dir = postrl.train(RECIPE, overrides=fast(tiny_model_dir, tmp_path / fn.__name__), reward_funcs=[fn],
+                               reward_timeout_s=0.2, log=QUIET)
+        rows = read_rows(run_dir)
+        assert [r.step for r in rows].count(1) == 16 and (run_dir / "final" / "config.json").is_file()
+        assert {r.verifier_status for r in rows} == {status}
+        assert all(f"{fn.__name__}: {status} {detail}" in r.detail for r in rows)
+
+
+def test_callable_term_statuses_by_hand():
+    tasks = [Task("d", "t1", "1+1=", "2", meta={"row": {"answer": "2", "x": 1}})] * 2
+    responses = [Response("2", "stop"), Response("3", "stop")]
+    got = CallableTerm(lambda p, c, answer, x: [float(a == b) for a, b in zip(c, answer)])(tasks, responses)
+    assert [(s.reward, s.status) for s in got] == [(1.0, "ok"), (0.0, "ok")]
+    bad = CallableTerm(lambda p, c, **k: [1.0])(tasks, responses)
+    assert {s.status for s in bad} == {"error"} and "returned 1 values for 2" in bad[0].detail
+    nan = CallableTerm(lambda p, c, **k: [None, "x"])(tasks, responses)
+    assert [s.status for s in nan] == ["error", "error"]
+
+
+def test_a_callable_reward_under_ray_fails_at_once_with_one_line(tmp_path):
+    with pytest.raises(UserError, match="engine: ray") as e:
+        postrl.train(RECIPE, overrides=["engine=ray", f"run.dir={tmp_path / 'run'}"], reward_funcs=[lambda p, c: []])
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_datasets_in_memory_are_written_beside_the_run(tmp_path):
+    from postrl.api import attach_datasets
+
+    cfg = load_config(RECIPE, [f"run.dir={tmp_path / 'run'}"])
+    attach_datasets(cfg, {"arith": [{"q": "1+1=", "a": 2}], "extra": str(tmp_path / "x.jsonl")})
+    path = Path(cfg.domains["arith"].params["path"])
+    assert path == (tmp_path / "run" / "data" / "arith.jsonl").resolve()
+    assert [json.loads(x) for x in path.read_text().splitlines()] == [{"q": "1+1=", "a": 2}]
+    assert cfg.domains["extra"].type == "dataset" and cfg.domains["extra"].params["path"] == str(tmp_path / "x.jsonl")
+
+
+# ---- extensions ----------------------------------------------------------------------------------
+
+PLUGIN = '''
+from dataclasses import dataclass
+from postrl.monitor.monitors import register_monitor
+from postrl.rewards.terms import register_term
+
+@register_term("{term}")
+def {term}(tasks, responses):
+    return [0.5 for _ in responses]
+
+@dataclass
+class Settings:
+    enabled: bool = True
+    action: str = "warn"
+    min_reward: float = 0.0
+
+@register_monitor("{monitor}", settings=Settings)
+class Watch:
+    def __init__(self, cfg, ctx):
+        self.cfg, self.values = cfg, {{}}
+    def update(self, step, metrics, samples):
+        self.values = {{"monitor/{monitor}": self.cfg.min_reward}}
+        return []
+    def state_dict(self):
+        return {{}}
+    def load_state_dict(self, state):
+        pass
+'''
+
+
+def write_plugin(tmp_path: Path, term: str, monitor: str) -> Path:
+    (tmp_path / "plugins").mkdir(exist_ok=True)
+    path = tmp_path / "plugins" / f"{term}_plugin.py"
+    path.write_text(PLUGIN.format(term=term, monitor=monitor))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"imports: [./plugins/{path.name}]\n"
+                      f"domains: {{arith: {{params: {{levels: [2]}}, reward: {{reward: 1.0, {term}: 1.0}}}}}}\n"
+                      f"monitor: {{{monitor}: {{min_reward: 0.25}}}}\n")
+    return recipe
+
+
+def test_imports_register_a_term_and_a_monitor_checked_like_built_ins(tiny_model_dir, tmp_path):
+    recipe = write_plugin(tmp_path, "half", "watch_half")
+    with pytest.raises(ConfigError, match="monitor.watch_half.min_reward"):
+        load_recipe(recipe, ["monitor.watch_half.min_reward=high"])
+    with pytest.raises(ConfigError, match="did you mean 'monitor.watch_half'"):
+        load_recipe(recipe, ["monitor.watch_hal.enabled=false"])
+    cfg = load_recipe(recipe, fast(tiny_model_dir, tmp_path / "run"))
+    assert cfg.imports == [str(tmp_path / "plugins" / "half_plugin.py")] and cfg.monitor.watch_half.min_reward == 0.25
+    assert main(["train", str(recipe), *fast(tiny_model_dir, tmp_path / "run")]) == 0
+    rows = read_rows(tmp_path / "run")
+    assert {r.reward_components["half"] for r in rows} == {0.5}
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["monitor/watch_half"] for m in metrics] == [0.25, 0.25]
+    saved = load_recipe(tmp_path / "run" / "config.yaml")  # resumable: the saved config loads its imports
+    assert saved.monitor.watch_half.min_reward == 0.25 and saved.imports == cfg.imports
+
+
+def test_command_line_import_and_a_broken_module_exit_2_with_one_line(tmp_path, capsys):
+    (tmp_path / "broken.py").write_text("x = 1\nraise RuntimeError('not today')\n")
+    assert main(["plan", RECIPE, "--import", str(tmp_path / "broken.py")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "RuntimeError: not today (broken.py:2)" in err
+    assert main(["plan", RECIPE, "--import", "no_such_module_here"]) == 2
+    assert "no module named 'no_such_module_here'" in capsys.readouterr().err
+
+
+def test_pool_workers_inherit_the_extensions(tmp_path):
+    from postrl.extensions import ENV, load
+    from postrl.rewards.pool import WorkerPool
+
+    (tmp_path / "answers_ext.py").write_text("def job(x):\n    return x * 2\n")
+    load([str(tmp_path / "answers_ext.py")])
+    assert str(tmp_path / "answers_ext.py") in json.loads(__import__("os").environ[ENV])
+    pool = WorkerPool("answers_ext:job", workers=1, timeout_s=10.0, confine=False)
+    try:
+        assert [o.value for o in pool.map([2, 5])] == [4, 10]  # the worker found the module by its file
+    finally:
+        pool.close()
+
+
+# ---- generation limits per domain, chat prompts --------------------------------------------------
+
+
+def test_per_domain_max_new_tokens_and_stop_split_the_order_only_when_set(tiny_model_dir):
+    from postrl.models import load_model
+    from postrl.seeding import step_generator
+
+    model, tok = load_model(str(tiny_model_dir))
+    policy = Policy(model, tok)
+    base = ["train.samples_per_prompt=2", "train.max_new_tokens=6",
+            "domains={arith: {params: {levels: [2]}}, long: {type: arith, params: {levels: [2]}}}"]
+    tasks = [Task("arith", "a", "12+34=", "46"), Task("long", "b", "55+11=", "66"), Task("arith", "c", "1+2=", "3")]
+    order = Order(0, tasks, [1.0] * 6, 0)
+    plain = generate(policy, order, load_config(None, base))
+    want = policy.sample(tasks, 2, __import__("postrl.policy.rollout", fromlist=["GenParams"]).GenParams(6),
+                         step_generator(0, 0, 0), [1.0] * 6)
+    assert [s.completion_ids for s in plain] == [s.completion_ids for s in want]  # no override: one call
+    cfg = load_config(None, [*base, "domains.long.max_new_tokens=2", "domains.arith.stop=['=']"])
+    split = generate(policy, order, cfg)
+    assert [s.task.task_id for s in split] == ["a", "a", "c", "c", "b", "b"]  # part after part
+    assert [s.group for s in split] == [0, 0, 1, 1, 2, 2]
+    assert all(len(s.completion_ids) <= 2 for s in split if s.task.domain == "long")
+    assert all("=" not in s.text for s in split if s.task.domain == "arith")
+
+
+class ChatTok:
+    """A tokenizer with a chat template: renders the messages it is given, one id per character."""
+
+    chat_template = "yes"
+    eos_token_id = pad_token_id = 0
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        return [ord(ch) for ch in text]
+
+    def __call__(self, text):
+        return {"input_ids": [ord(ch) for ch in text]}
+
+
+def test_chat_prompts_render_the_tasks_messages_with_the_system_turn():
+    policy = Policy(None, ChatTok())
+    messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"})
+    as_text = lambda ids: "".join(map(chr, ids))  # noqa: E731
+    assert as_text(policy.encode_task(Task("d", "t", "2+2?", "4", messages=messages))) == \
+        "<system>Be brief.<user>2+2?<assistant>"
+    assert as_text(policy.encode_task(Task("d", "t", "2+2?", "4"))) == "<user>2+2?<assistant>"
+    ChatTok.chat_template = None
+    try:
+        assert as_text(policy.encode_task(Task("d", "t", "2+2?", "4", messages=messages))) == "2+2?"
+    finally:
+        ChatTok.chat_template = "yes"
+
+
+# ---- eval: --recipe, eval-only domains, the base model at step 0 ----------------------------------
+
+
+def test_eval_recipe_evaluates_its_domains_and_eval_only_domains(tiny_model_dir, tmp_path, capsys):
+    recipe = tmp_path / "eval.yaml"
+    recipe.write_text("domains: {arith: {params: {levels: [2]}, max_new_tokens: 4}}\n"
+                      "eval: {num_problems: 3, samples_per_problem: 2, k: [1, 2],\n"
+                      "       domains: {sort_only: {type: sort}}}\n")
+    assert main(["eval", str(tiny_model_dir), "--recipe", str(recipe), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"arith", "sort_only"}
+    assert all(r["n_problems"] == 3 and set(r) >= {"greedy", "pass@1", "pass@2"} for r in result.values())
+    assert main(["eval", str(tiny_model_dir), "--recipe", str(recipe), "--domains", "sort_only", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"sort_only"}
+    assert main(["eval", str(tiny_model_dir), "--recipe", str(recipe), "eval.domains.x.type=bogus"]) == 2
+    assert "eval.domains.x.type" in capsys.readouterr().err
+
+
+def test_eval_at_start_scores_the_base_model_and_leaves_the_rollouts_as_they_were(tiny_model_dir, tmp_path):
+    runs = {}
+    for at_start in (False, True):
+        cfg = load_config(RECIPE, fast(tiny_model_dir, tmp_path / str(at_start), f"eval.at_start={at_start}",
+                                       "eval.domains={sorting: {type: sort}}"))
+        runs[at_start] = postrl.train(cfg, log=QUIET)
+    assert sorted(p.name for p in (runs[True] / "eval").iterdir()) == ["step_0.json", "step_2.json"]
+    assert set(json.loads((runs[True] / "eval" / "step_0.json").read_text())) == {"arith", "sorting"}
+    got, want = read_rows(runs[True]), read_rows(runs[False])
+    assert [(r.token_ids, r.reward) for r in got] == [(r.token_ids, r.reward) for r in want]
+    a, b = (load_file(runs[x] / "final" / "model.safetensors") for x in (True, False))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- the README's own-data section: its recipe and its Python example run ------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_readme_shows_the_own_data_recipe_and_the_example_as_they_are():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Train on your own data"):readme.index("## Commands")]
+    assert (REPO / "recipes/own_data.yaml").read_text().rstrip() in section
+    assert (REPO / "examples/train_with_python.py").read_text().rstrip() in section
+
+
+def test_the_own_data_recipe_trains_two_steps(tiny_model_dir, tmp_path):
+    cfg = load_recipe(REPO / "recipes/own_data.yaml", [*fast(tiny_model_dir, tmp_path / "run"), "model.lora.r=0",
+                                                       "eval.at_start=false", "domains.gsm.max_new_tokens=8"])
+    run_dir = postrl.train(cfg, log=QUIET)
+    rows = read_rows(run_dir)
+    assert len(rows) == 32 and {r.domain for r in rows} == {"gsm"} and all(len(r.token_ids) <= 8 for r in rows)
+    assert {r.verifier_status for r in rows} <= {"ok", "timeout", "error"}
+
+
+def test_the_python_example_trains_two_steps(tiny_model_dir, tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "examples/train_with_python.py"), "--model", str(tiny_model_dir),
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "'sums': {'greedy'" in done.stdout and (tmp_path / "run" / "final" / "config.json").is_file()
+    assert (tmp_path / "run" / "data" / "sums.jsonl").is_file()
