@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async_vs_sync.py [--budget-s 90] [--threads 1]
 
-Each arm is the real training loop (`postrl.train.train`, engine: local) on the default recipe
+Each arm is the real training loop (`postrl.loop.train`, engine: local) on the default recipe
 from the same model, stopped once its wall-clock budget is spent (at the loop's `step.stored`
 point, after a whole step); its policy is then scored on the same held-out problems. Throughput is
 the median seconds per step after the first (warm-up). The synchronous arm runs with `--threads`
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
+from postrl import loop as train_module
 from postrl import run as run_module
-from postrl import train as train_module
 from postrl.config import load_config
-from postrl.evaluate import evaluate_domain
+from postrl.evaluation import evaluate_domain
 from postrl.models import resolve_model_path
 
 

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from postrl.config import load_config
-from postrl.evaluate import count_correct
+from postrl.evaluation import count_correct
+from postrl.loop import train
 from postrl.models import load_model
 from postrl.policy.policy import Policy
 from postrl.tasks.catalog import build_domains
-from postrl.train import train
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multidomain.yaml"
 ARMS = {

@@ -10,7 +10,7 @@ verifier, then `ppo_epochs x minibatches` optimiser steps of clipped GRPO with a
 the recipe's clip range and learning rate. CPU only, no vLLM; both use the same torch thread count.
 
 Each arm trains for the same wall-clock budget; throughput comes from its steps after the first
-(warm-up), and both trained models are then scored by `postrl.evaluate.evaluate_domain` on the
+(warm-up), and both trained models are then scored by `postrl.evaluation.evaluate_domain` on the
 same held-out problems. The machine is shared, so only ratios measured in one run mean much.
 Needs `pip install trl` (not a postrl dependency).
 """
@@ -27,7 +27,7 @@ import torch
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
-from postrl.evaluate import evaluate_domain
+from postrl.evaluation import evaluate_domain
 from postrl.models import load_model, resolve_model_path
 from postrl.policy.lora import make_reference
 from postrl.policy.policy import Policy

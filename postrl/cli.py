@@ -13,7 +13,8 @@ import sys
 
 from postrl.errors import UserError
 
-COMMANDS = ["train", "eval", "pretrain", "plan", "rollouts", "report", "verify", "reward_check", "rm", "sandbox"]
+COMMANDS = ["train", "eval", "pretrain", "plan", "rollouts", "report", "verify", "reward_check", "rm", "sandbox",
+            "score", "export_rg"]
 
 DESCRIPTION = """\
 Reinforcement-learning post-training of language models on verifiable tasks.

@@ -48,7 +48,12 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
     micro_batch_size: int = 0
-    """Completions per forward/backward inside a minibatch (gradients accumulate); 0 = whole minibatch."""
+    """Completions per forward/backward inside a minibatch (gradients accumulate); 0 = whole minibatch.
+    With train.max_tokens_per_microbatch too, a micro-batch ends at whichever limit it reaches first."""
+    logits_chunk_mib: float = 16.0
+    """Largest chunk of float32 logits, in MiB: the vocabulary head runs on that many positions at a
+    time (recomputed in the backward), never on all of them at once; its working memory is a few
+    times this (softmax, gradient). Tiny vocabularies fit one chunk."""
 
 
 @dataclass
@@ -63,12 +68,19 @@ class DomainConfig:
     """Weighted reward terms, e.g. {compiles: 0.2, tests: 0.8}; empty = the domain's own reward."""
     temperature: float = 0.0
     """Sampling temperature for this domain (0 = train.temperature)."""
+    max_new_tokens: int = 0
+    """Longest completion for this domain, in tokens (0 = train.max_new_tokens); eval uses it too."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end a completion of this domain (cut before the string), in training and eval."""
 
 
 @dataclass
 class TrainConfig:
     total_steps: int = 60
     """RL steps (one batch of prompts sampled, rewarded and trained on per step)."""
+    epochs: float = 0.0
+    """Passes over the training rows of the finite (dataset) domains; > 0 stands instead of
+    total_steps: total_steps = ceil(epochs x rows / prompts_per_step), rows summed over them."""
     prompts_per_step: int = 32
     """Distinct prompts drawn per step."""
     samples_per_prompt: int = 8
@@ -93,6 +105,14 @@ class TrainConfig:
     """Optimiser steps per pass (the batch is split into this many minibatches)."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm."""
+    max_tokens_per_microbatch: int = 0
+    """Token budget of one forward/backward (0 = no budget): completions are added to a micro-batch
+    while its tokens (prompt + completion; padded width x rows unless pack_sequences) stay within it,
+    and while it has fewer than model.micro_batch_size completions (when that is set). A completion
+    longer than the budget gets a micro-batch of its own."""
+    pack_sequences: bool = False
+    """Run each micro-batch of the update as one packed sequence (no padding), attention kept
+    inside each completion. Same loss up to float rounding; off keeps the padded forward."""
 
 
 @dataclass
@@ -143,6 +163,10 @@ class EvalConfig:
     """Seesaw alert when a domain's best_metric falls more than this below its best so far (0 = off)."""
     seesaw_action: str = "warn"
     """What a seesaw alert does: warn | stop | rollback."""
+    domains: dict[str, DomainConfig] = field(default_factory=dict)
+    """Eval-only domains, by name like `domains`: evaluated with the trained ones, never trained on."""
+    at_start: bool = False
+    """Evaluate the base model at step 0, so seesaw alerts compare against it (an extra eval: opt-in)."""
 
 
 @dataclass
@@ -189,6 +213,9 @@ class RunConfig:
     """Run name, used in the default run directory."""
     progress: bool = True
     """Show a live progress bar on the console."""
+    device: str = "auto"
+    """Where the policy runs: auto (cuda when torch sees one, else cpu) | cpu | cuda (or cuda:N).
+    Asking for cuda where there is none is an error, never a silent fallback to the CPU."""
     threads: int = 0
     """torch intra-op threads (0 = torch's default, one per core). For tiny models 1 is as fast
     and far more robust when other processes compete for the cores."""
@@ -222,6 +249,14 @@ class RayConfig:
 class Config:
     seed: int = 0
     """Seeds Python, NumPy and torch; runs with the same seed are reproducible on CPU."""
+    imports: list[str] = field(default_factory=list)
+    """User modules loaded before the recipe is checked (they register domains, verifiers, reward
+    terms, monitors): module names, or .py files relative to the recipe's directory
+    (`postrl.extensions`); saved resolved, so every process of the run loads the same files."""
+    base_dir: str = ""
+    """Directory that relative paths in the recipe (dataset files) resolve against: set by
+    `load_config` to the recipe file's directory, and saved, so a resumed run finds the same
+    files; empty = the working directory."""
     engine: str = "local"
     """Where the parts run: local (threads in this process) or ray (actors on a Ray cluster)."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -243,17 +278,46 @@ class Config:
 # ---------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Recipe YAML (optional) + dotted `key=value` overrides -> validated `Config`."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        raw = read_yaml(path)
-    for item in overrides:
-        key, value = parse_override(item)
-        set_dotted(raw, key, value)
+def load_config(path: str | Path | None = None, overrides: list[str] = (), imports: list[str] = ()) -> Config:
+    """Recipe YAML (optional) + dotted `key=value` overrides -> validated `Config`. `imports` (the
+    command line's `--import`) join the recipe's own; their modules must be loaded before this
+    call when they register what the recipe names (`postrl.extensions.load_recipe` does both)."""
+    raw = raw_recipe(path, overrides)
+    raw["imports"] = recipe_imports(raw, imports)
     cfg = from_dict(Config, raw)
     validate(cfg)
     return cfg
+
+
+def raw_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict[str, Any]:
+    """The recipe's mapping with the overrides applied, before any check."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = read_yaml(path)
+        raw.setdefault("base_dir", str(Path(path).resolve().parent))
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(raw, key, value)
+    return raw
+
+
+def recipe_imports(raw: dict[str, Any], extra: list[str] = ()) -> list[str]:
+    """The recipe's `imports` (relative to its `base_dir`), then `extra` (relative to the working
+    directory), resolved: a .py file, or a module name with a .py file beside the recipe, becomes
+    an absolute path; any other entry stays a module name."""
+    listed = raw.get("imports") or []
+    if not isinstance(listed, list) or not all(isinstance(x, str) and x for x in listed):
+        raise ConfigError(f"config key 'imports' = {listed!r}: expected a list of module names or .py files")
+    base = Path(raw.get("base_dir") or Path.cwd())
+    resolved = [resolve_import(x, base) for x in listed] + [resolve_import(x, Path.cwd()) for x in extra]
+    return list(dict.fromkeys(resolved))
+
+
+def resolve_import(entry: str, base: Path) -> str:
+    if entry.endswith(".py") or "/" in entry:
+        return str((base / entry).resolve())
+    beside = base / (entry.replace(".", "/") + ".py")
+    return str(beside.resolve()) if beside.is_file() else entry
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -300,11 +364,15 @@ def from_dict(cls: type, raw: Any, prefix: str = "") -> Any:
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    kwargs = {}
+    extensions = getattr(cls, "EXTENSIONS", {})  # monitor settings that extensions register
+    kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         dotted = f"{prefix}{key}"
+        if key not in fields and key in extensions:  # checked here, kept plain: see monitor.settings
+            kwargs.setdefault("plugins", {})[key] = dataclasses.asdict(coerce(extensions[key], value, dotted))
+            continue
         if key not in fields:
-            raise ConfigError(unknown_key_message(dotted, key, list(fields), prefix))
+            raise ConfigError(unknown_key_message(dotted, key, [*fields, *extensions], prefix))
         kwargs[key] = coerce(hints[key], value, dotted)
     obj = cls(**kwargs)
     return obj
@@ -373,6 +441,8 @@ def validate(cfg: Config) -> None:
         "train.minibatches": t.minibatches,
         "eval.samples_per_problem": cfg.eval.samples_per_problem,
     }
+    if t.epochs < 0:
+        raise ConfigError(f"config key 'train.epochs' = {t.epochs}: must be >= 0")
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key '{key}' = {value}: must be >= 1")
@@ -393,10 +463,38 @@ def validate(cfg: Config) -> None:
             f"config key 'eval.k' = {cfg.eval.k}: every k must be <= eval.samples_per_problem "
             f"({cfg.eval.samples_per_problem})"
         )
+    if t.max_tokens_per_microbatch < 0:
+        raise ConfigError(f"config key 'train.max_tokens_per_microbatch' = {t.max_tokens_per_microbatch}: must be >= 0")
+    if cfg.model.logits_chunk_mib <= 0:
+        raise ConfigError(f"config key 'model.logits_chunk_mib' = {cfg.model.logits_chunk_mib}: must be > 0")
+    if cfg.run.device.split(":", 1)[0] not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"config key 'run.device' = {cfg.run.device!r}: expected auto, cpu or cuda")
     if cfg.rl.kl_in not in ("loss", "reward"):
         raise ConfigError(f"config key 'rl.kl_in' = {cfg.rl.kl_in!r}: expected loss or reward")
+    if cfg.monitor.wandb.mode not in ("", "online", "offline", "disabled"):
+        raise ConfigError(f"config key 'monitor.wandb.mode' = {cfg.monitor.wandb.mode!r}: "
+                          "expected online, offline or disabled (or empty: WANDB_MODE)")
     validate_curriculum(cfg)
     validate_pipeline(cfg)
+    validate_domains(cfg)
+
+
+def validate_domains(cfg: Config) -> None:
+    for prefix, domains in (("domains", cfg.domains), ("eval.domains", cfg.eval.domains)):
+        for name, d in domains.items():
+            if d.max_new_tokens < 0:
+                raise ConfigError(f"config key '{prefix}.{name}.max_new_tokens' = {d.max_new_tokens}: must be >= 0")
+            if any(not s for s in d.stop):
+                raise ConfigError(f"config key '{prefix}.{name}.stop': a stop string must not be empty")
+    both = sorted(set(cfg.domains) & set(cfg.eval.domains))
+    if both:
+        raise ConfigError(f"config key 'eval.domains.{both[0]}': already a training domain (domains.{both[0]})")
+
+
+def generation_limits(cfg: Config, domain: str) -> tuple[int, tuple[str, ...]]:
+    """(max_new_tokens, stop strings) of a domain, trained or eval-only: its own, else train's."""
+    d = cfg.domains.get(domain) or cfg.eval.domains.get(domain) or DomainConfig()
+    return d.max_new_tokens or cfg.train.max_new_tokens, tuple(d.stop)
 
 
 def validate_pipeline(cfg: Config) -> None:
@@ -433,7 +531,10 @@ def validate_curriculum(cfg: Config) -> None:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    out = dataclasses.asdict(cfg)
+    if isinstance(cfg, Config):  # extension monitors' settings are written where the recipe had them
+        out["monitor"].update(out["monitor"].pop("plugins"))
+    return out
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -18,12 +18,12 @@ from rich.console import Console
 from rich.table import Table
 
 from postrl.config import load_config
-from postrl.evaluate import evaluate
+from postrl.evaluation import evaluate
+from postrl.loop import train
 from postrl.models import load_model
 from postrl.policy.policy import Policy
 from postrl.seeding import set_threads
 from postrl.tasks.catalog import build_domains
-from postrl.train import train
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "default.yaml"
 

@@ -24,15 +24,17 @@ from postrl.curriculum.schedule import SCHEDULES
 from postrl.engines.registry import ENGINES
 from postrl.engines.replay import PREFIX as REPLAY
 from postrl.errors import ConfigError
-from postrl.evaluate import EVAL_AGGREGATES
+from postrl.evaluation import EVAL_AGGREGATES
 from postrl.monitor.alerts import ALERT_ACTIONS
 from postrl.monitor.monitors import MONITORS
 from postrl.monitor.sinks import SINKS
 from postrl.registry import Registry
 from postrl.rewards.composite import TERMS  # from composite: its import registers the built-in terms
+from postrl.rewards.extract import ExtractorNames
 from postrl.rewards.terms import OWN_REWARD
+from postrl.rewards.verifiers import VerifierNames
 from postrl.store.rollouts import shard_steps
-from postrl.tasks.catalog import DOMAINS
+from postrl.tasks.catalog import DOMAINS  # its import registers the built-in domains and verifiers
 
 
 class Names(Protocol):
@@ -56,8 +58,26 @@ def domain_types(cfg: Config) -> list[tuple[str, str, str]]:
     return [(f"domains.{n}.type", d.type, n) if d.type else (f"domains.{n}", n, n) for n, d in cfg.domains.items()]
 
 
+def eval_domain_types(cfg: Config) -> list[tuple[str, str, str]]:
+    """`eval.domains` (eval-only) name their types as `domains` do."""
+    return [(f"eval.domains.{n}.type", d.type, n) if d.type else (f"eval.domains.{n}", n, n)
+            for n, d in cfg.eval.domains.items()]
+
+
 def reward_terms(cfg: Config) -> list[tuple[str, str, str]]:
     return [(f"domains.{n}.reward.{term}", term, n) for n, d in cfg.domains.items() for term in d.reward]
+
+
+def domain_params(param: str) -> Callable[[Config], list[tuple[str, str, str]]]:
+    """Every domain's (trained or eval-only) non-empty `params.<param>`, e.g. a dataset's verifier."""
+
+    def values(cfg: Config) -> list[tuple[str, str, str]]:
+        domains = [(f"domains.{n}", d) for n, d in cfg.domains.items()]
+        domains += [(f"eval.domains.{n}", d) for n, d in getattr(cfg.eval, "domains", {}).items()]
+        return [(f"{key}.params.{param}", d.params[param], key.rsplit(".", 1)[1])
+                for key, d in domains if isinstance(d.params.get(param), str) and d.params[param]]
+
+    return values
 
 
 def monitor_actions(cfg: Config) -> list[tuple[str, str, str]]:
@@ -99,6 +119,9 @@ NAMED_KEYS: list[NamedKey] = [
     NamedKey("eval.best_aggregate", lambda cfg, _: EVAL_AGGREGATES),
     NamedKey("domains.NAME.type", lambda cfg, _: DOMAINS, domain_types),
     NamedKey("domains.NAME.reward.TERM", terms_of, reward_terms),  # after the types: it reads them
+    NamedKey("domains.NAME.params.verifier", lambda cfg, _: VerifierNames(cfg.base_dir), domain_params("verifier")),
+    NamedKey("domains.NAME.params.extract", lambda cfg, _: ExtractorNames(), domain_params("extract")),
+    NamedKey("eval.domains.NAME.type", lambda cfg, _: DOMAINS, eval_domain_types),
     NamedKey("monitor.NAME.action", lambda cfg, _: ALERT_ACTIONS, monitor_actions),
     NamedKey("monitor.sinks", lambda cfg, _: SINKS),
     NamedKey("pipeline.source", lambda cfg, _: RolloutSources()),

@@ -12,9 +12,10 @@ being counted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # only Batch's annotations name it: `import postrl` and `postrl --help` stay without torch
+    import torch
 
 
 @dataclass(frozen=True)

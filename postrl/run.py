@@ -7,7 +7,7 @@
     step, stopped = run.act_on(alerts, step)  # rollback to a checkpoint, or stop
     run.finish(step)                          # final/ model, sinks closed, report.html
 
-The loop (`postrl.train`) does the algorithm; this module keeps the books. Who owns which state:
+The loop (`postrl.loop`) does the algorithm; this module keeps the books. Who owns which state:
 the policy and its optimiser belong to the learner, the curriculum's weights and levels to the
 schedule, the orders in flight to the engine, the rollouts to the store; `Run` holds them side by
 side and saves and restores them together (`save_checkpoint`, `load_checkpoint_state`).
@@ -15,7 +15,9 @@ side and saves and restores them together (`save_checkpoint`, `load_checkpoint_s
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,23 +28,25 @@ import torch
 
 from postrl.algo.kl_control import FixedKL, make_kl_controller
 from postrl.checkpoint import CheckpointManager
-from postrl.config import Config, save_config
+from postrl.config import Config, generation_limits, save_config
 from postrl.curriculum.dynamic import FillResult
 from postrl.curriculum.sampler import TaskSampler
 from postrl.curriculum.schedule import make_schedule
 from postrl.engines.pipeline import Pipeline, Rollout
 from postrl.engines.registry import ENGINES
 from postrl.errors import UserError
-from postrl.evaluate import EVAL_AGGREGATES, evaluate
+from postrl.evaluation import EVAL_AGGREGATES, evaluate
+from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
 from postrl.models import load_model
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples
 from postrl.monitor.monitors import MonitorContext, Monitors, build_monitors
-from postrl.monitor.report import write_report
+from postrl.monitor.report import REPORT_FILE, write_report
 from postrl.monitor.seesaw import seesaw_alerts
 from postrl.monitor.sinks import MultiSink, make_sinks
 from postrl.monitor.step_metrics import StepTimes, step_metrics
 from postrl.names import check_names
+from postrl.policy.device import resolve_device
 from postrl.policy.lora import apply_lora, load_policy_weights, make_reference, save_policy
 from postrl.policy.policy import Policy
 from postrl.policy.update import Learner, UpdateStats
@@ -94,6 +98,8 @@ class Run:
     rollbacks: int = 0
     eval_best: dict[str, list] = field(default_factory=dict)
     """{domain: [best eval.best_metric so far, step]}: the seesaw alert's reference."""
+    eval_domains: dict[str, Domain] = field(default_factory=dict)
+    """Eval-only domains (`eval.domains`): evaluated with the trained ones, never sampled for training."""
 
     def record(self, step: int, rec: StepRecord) -> list[Alert]:
         """Store the step's rollouts, log its metrics, run the monitors, dump spot checks; returns
@@ -117,9 +123,11 @@ class Run:
         regressions (recorded, and appended to `alerts` so that `act_on` carries out their
         action); returns the best-checkpoint score."""
         e = self.cfg.eval
+        domains = {**self.domains, **self.eval_domains}
         result = evaluate(
-            self.policy, self.domains, num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
+            self.policy, domains, num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
             temperature=e.temperature, max_new_tokens=self.cfg.train.max_new_tokens, seed=self.cfg.seed,
+            limits={name: generation_limits(self.cfg, name) for name in domains},
         )
         (self.dir / "eval").mkdir(exist_ok=True)
         (self.dir / "eval" / f"step_{step}.json").write_text(json.dumps(result, indent=1))
@@ -130,6 +138,13 @@ class Run:
         if alerts is not None:
             alerts.extend(seesaw)
         return EVAL_AGGREGATES.get(e.best_aggregate)(list(scores.values()))
+
+    def evaluate_at_start(self) -> None:
+        """With eval.at_start, the base model's scores at step 0 (a fresh run, not a resumed one):
+        the seesaw alerts' first reference. Eval draws from its own generators, not the training
+        streams, so the run's rollouts and weights are those of a run without it."""
+        if self.cfg.eval.at_start and self.start_step == 0:
+            self.evaluate(0)
 
     def evaluate_every(self, step: int, alerts: list[Alert]) -> float | None:
         """`evaluate` after every eval.every_steps steps but the last (the final eval follows the loop)."""
@@ -159,23 +174,30 @@ class Run:
     def finish(self, step: int) -> None:
         self.engine.close()
         save_model(self.policy, self.dir / "final")
-        self.sinks.close()
-        for d in self.domains.values():
+        for d in [*self.domains.values(), *self.eval_domains.values()]:
             if hasattr(d, "close"):
                 d.close()
-        write_report(self.dir)
+        report = write_report(self.dir)  # before the sinks close: trackers upload it
+        self.sinks.close()
+        for line in [f"report: {report}", *self.sinks.where()]:
+            self.log(line)
 
 
 def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     """Build a run from its config; with `resume`, continue from the newest intact checkpoint.
     Every name in the config is checked, the domains built and the model loaded before the run
     directory is made, so bad input leaves nothing behind."""
+    load_extensions(cfg.imports)  # already loaded by the commands (load_recipe); a Config made in Python
     check_names(cfg)
+    device = resolve_device(cfg.run.device)  # cuda asked for and absent: an error now, never a CPU fallback
     seed_everything(cfg.seed)
     set_threads(cfg.run.threads)
     domains = build_domains(cfg)
+    set_steps_from_epochs(cfg, domains, log)
+    eval_domains = build_domains(dataclasses.replace(cfg, domains=cfg.eval.domains)) if cfg.eval.domains else {}
     model, tok = load_model(cfg.model.name, cfg.model.dtype, log=log)
     model = apply_lora(model, cfg.model.lora)  # unchanged unless model.lora.r > 0
+    model = model.to(device)  # sampler, learner and reference share this device; tensors are made on it
     run_dir = make_run_dir(cfg, resume)
     save_config(cfg, run_dir / "config.yaml")
     policy = Policy(model, tok)
@@ -191,7 +213,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
         store=RolloutStore(run_dir, run=cfg.run.name),
         monitors=build_monitors(cfg.monitor, MonitorContext({n: d.reward for n, d in cfg.domains.items()})),
         ckpt=CheckpointManager(run_dir, keep_last=cfg.checkpoint.keep_last, log=log),
-        progress=Progress(cfg.train.total_steps, enabled=cfg.run.progress), log=log,
+        progress=Progress(cfg.train.total_steps, enabled=cfg.run.progress), log=log, eval_domains=eval_domains,
     )
     if resume:
         latest = run.ckpt.latest_valid()
@@ -202,6 +224,9 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
             log(f"resuming {run_dir} from step {run.start_step}")
     open_outputs(run, run.start_step)
     log(f"run directory: {run_dir}")
+    for line in [f"report: {run_dir / REPORT_FILE} (written at the end; any time: postrl report {run_dir})",
+                 *run.sinks.where()]:
+        log(line)
     return run
 
 
@@ -227,6 +252,7 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
         "scheduler": run.learner.sched.state_dict(),
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         "sampler": run.sampler.state_dict(),
+        "domains": {n: d.state_dict() for n, d in run.domains.items() if hasattr(d, "state_dict")},  # epoch cursors
         "schedule": run.schedule.state_dict(),
         "kl_controller": run.kl_ctl.state_dict(),
         "monitors": run.monitors.state_dict(),
@@ -252,6 +278,9 @@ def load_checkpoint_state(run: Run, ckpt) -> int:
     np.random.set_state(state["rng"]["numpy"])
     torch.set_rng_state(state["rng"]["torch"])
     run.sampler.load_state_dict(state["sampler"])
+    for name, domain_state in state.get("domains", {}).items():
+        if name in run.domains and hasattr(run.domains[name], "load_state_dict"):
+            run.domains[name].load_state_dict(domain_state)
     run.schedule.load_state_dict(state["schedule"])
     run.kl_ctl.load_state_dict(state["kl_controller"])
     run.monitors.load_state_dict(state["monitors"])
@@ -275,6 +304,17 @@ def restore_checkpoint(run: Run, lr_factor: float = 1.0) -> int:
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def set_steps_from_epochs(cfg: Config, domains: dict[str, Domain], log) -> None:
+    """`train.epochs` > 0: total_steps from the finite domains' training rows (saved in config.yaml)."""
+    if cfg.train.epochs <= 0:
+        return
+    rows = sum(d.train_size for d in domains.values() if hasattr(d, "train_size"))
+    if rows == 0:
+        raise UserError("config key 'train.epochs' needs a finite (dataset) domain; use train.total_steps")
+    cfg.train.total_steps = max(1, math.ceil(cfg.train.epochs * rows / cfg.train.prompts_per_step))
+    log(f"train.epochs={cfg.train.epochs:g} over {rows} rows: {cfg.train.total_steps} steps")
 
 
 def make_run_dir(cfg: Config, resume: bool) -> Path:

@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from postrl.algo.losses import ppo_clip, truncated_is_weight
 from postrl.config import load_config
 from postrl.engines import pipeline
+from postrl.loop import train
 from postrl.policy.update import Learner, offpolicy_stats
 from postrl.records import Batch
 from postrl.store.rollouts import read_rows
-from postrl.train import train
 
 ARGS = [
     "train.prompts_per_step=4", "train.samples_per_prompt=4", "rl.entropy_coef=0.01",
@@ -182,7 +182,7 @@ def test_async_run_resumes_exactly_with_orders_in_flight(tiny_model_dir, tmp_pat
     torch.set_num_threads(threads)  # the crashed run's engine never closed to restore it
     state = torch.load(run_dir / "checkpoints" / "step_00000002" / "state.pt", weights_only=False)
     assert sorted(state["pipeline"]["done"]) == [2, 3]  # drained in-flight orders are in the checkpoint
-    from postrl.train import resume_config
+    from postrl.loop import resume_config
 
     train(resume_config(run_dir, []), log=lambda *a: None, resume=True)
     assert same_weights(weights(whole), weights(run_dir))

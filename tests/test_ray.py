@@ -15,9 +15,9 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ray>
 
 from postrl.config import load_config  # noqa: E402
 from postrl.engines import ray_engine  # noqa: E402
+from postrl.loop import train  # noqa: E402
 from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable  # noqa: E402
 from postrl.store.rollouts import read_rows  # noqa: E402
-from postrl.train import train  # noqa: E402
 
 ARGS = [
     "train.prompts_per_step=4", "train.samples_per_prompt=4", "rl.entropy_coef=0.01",
@@ -146,3 +146,21 @@ def test_killed_sandbox_actor_loses_no_sample(tiny_model_dir, tmp_path, monkeypa
     assert len(keys) == len(set(keys)) == 3 * 16  # none lost, none twice
     assert [(r.step, r.sample, r.task_id, r.token_ids, r.reward, r.verifier_status) for r in got] == \
         [(r.step, r.sample, r.task_id, r.token_ids, r.reward, r.verifier_status) for r in want]
+
+
+def test_imports_are_loaded_by_the_ray_reward_actor(tiny_model_dir, tmp_path):
+    """A reward term from the recipe's `imports:` is computed on the reward actor, which loaded it."""
+    import os
+
+    from postrl.extensions import load_recipe
+
+    plugin = tmp_path / "ray_pid_term.py"
+    plugin.write_text("import os\nfrom postrl.rewards.terms import register_term\n\n\n"
+                      "@register_term('pid_term')\ndef pid_term(tasks, responses):\n"
+                      "    return [float(os.getpid()) for _ in responses]\n")
+    cfg = load_recipe("recipes/default.yaml", [
+        f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'run'}", *ARGS, "engine=ray", "train.total_steps=2",
+        f"imports=[{plugin}]", "domains.arith.reward={reward: 1.0, pid_term: 0.0}"])
+    rows = read_rows(train(cfg, log=lambda *a: None))
+    pids = {r.reward_components["pid_term"] for r in rows}
+    assert len(rows) == 32 and len(pids) == 1 and pids != {float(os.getpid())}

@@ -1,4 +1,8 @@
-"""postrl eval MODEL_OR_RUN --domains arith --k 1,8 [--json]: held-out greedy accuracy and pass@k."""
+"""postrl eval MODEL_OR_RUN --domains arith --k 1,8 [--json]: held-out greedy accuracy and pass@k.
+
+postrl eval MODEL_OR_RUN [--domains a,b] [--json] --recipe RECIPE [overrides]: the recipe's domains
+and eval-only domains (eval.domains), with their parameters and generation limits, and the
+recipe's eval settings (eval.k, eval.samples_per_problem, eval.num_problems, eval.temperature)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a model on held-out problems", description=__doc__)
     p.add_argument("model", help="HF model directory, a run directory (uses its final/), or tiny-arith")
-    p.add_argument("--domains", default="arith", help="comma-separated domain names")
+    p.add_argument("--domains", help="comma-separated domain names (default arith; with --recipe all of its own)")
     p.add_argument("--k", default="1,8", help="comma-separated k for pass@k")
     p.add_argument("--samples", type=int, default=16, help="samples per problem (n of the estimator)")
     p.add_argument("--problems", type=int, default=200, help="held-out problems per domain")
@@ -17,16 +21,24 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--recipe", nargs="+", metavar="RECIPE [OVERRIDE]",
+                   help="the recipe's domains with their parameters and its eval settings; dotted overrides "
+                        "may follow it, e.g. --recipe r.yaml eval.num_problems=50")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                   help="a user module (name or .py file) that registers domains or verifiers (repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from postrl.errors import ConfigError, UserError
-    from postrl.evaluate import evaluate
+    from postrl.evaluation import evaluate
     from postrl.models import load_model
     from postrl.policy.policy import Policy
     from postrl.tasks.catalog import make_domain
+    from postrl.ui import Progress
 
+    if args.recipe is not None or args.imports:
+        return run_recipe(args)
     try:
         ks = [int(k) for k in args.k.split(",")]
     except ValueError:
@@ -37,15 +49,30 @@ def run(args) -> int:
     if (Path(model_path) / "final" / "config.json").is_file():
         model_path = str(Path(model_path) / "final")
     try:
-        domains = {name: make_domain(name, {}, args.seed) for name in args.domains.split(",")}
+        domains = {name: make_domain(name, {}, args.seed) for name in (args.domains or "arith").split(",")}
     except ConfigError as e:
         raise UserError(f"--domains {args.domains}: {e}") from None
     log = (lambda *a: None) if args.json else print
     model, tok = load_model(model_path, log=log)
-    result = evaluate(
-        Policy(model, tok), domains, num_problems=args.problems, ks=ks, samples_per_problem=args.samples,
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
-    )
+    with Progress(len(domains), enabled=None, label="eval", stderr=True) as bar:  # a bar on a terminal only
+        result = evaluate(
+            Policy(model, tok), domains, num_problems=args.problems, ks=ks, samples_per_problem=args.samples,
+            temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed, progress=bar,
+        )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    return 0
+
+
+def run_recipe(args) -> int:
+    from postrl.api import evaluate
+
+    recipe, *overrides = args.recipe or [None]
+    domains = args.domains.split(",") if args.domains else None
+    result = evaluate(args.model, recipe, overrides, domains, args.imports,
+                      log=(lambda *a: None) if args.json else print)
     if args.json:
         print(json.dumps(result))
     else:

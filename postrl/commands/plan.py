@@ -7,14 +7,17 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="print the batch arithmetic of a recipe", description=__doc__)
     p.add_argument("recipe", nargs="?")
     p.add_argument("overrides", nargs="*")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                   help="a user module (name or .py file) that registers domains, verifiers, reward terms "
+                        "or monitors; loaded before the recipe is checked (repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from postrl.config import load_config
+    from postrl.extensions import load_recipe
     from postrl.names import check_names
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = load_recipe(args.recipe, args.overrides, args.imports)
     check_names(cfg)
     t = cfg.train
     completions = t.prompts_per_step * t.samples_per_prompt

@@ -1,4 +1,4 @@
-"""postrl train [RECIPE.yaml] [dotted.key=value ...]  |  postrl train --resume RUN_DIR [overrides]"""
+"""postrl train [RECIPE.yaml] [dotted.key=value ...] [--import MODULE_OR_FILE]  |  postrl train --resume RUN_DIR [overrides]"""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ def add_parser(sub) -> None:
     p.add_argument("recipe", nargs="?", help="YAML recipe (default: built-in defaults)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.kl_coef=0.02")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest intact checkpoint")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                   help="a user module (name or .py file) that registers domains, verifiers, reward terms "
+                        "or monitors; loaded before the recipe is checked (repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from postrl.config import load_config
-    from postrl.train import resume_config, train
+    from postrl.extensions import load_recipe
+    from postrl.loop import resume_config, train
 
     recipe, overrides = args.recipe, list(args.overrides)
     if recipe is not None and "=" in recipe and not recipe.endswith((".yaml", ".yml")):
@@ -21,7 +24,7 @@ def run(args) -> int:
     if args.resume:
         if recipe is not None:
             overrides = [recipe, *overrides]
-        train(resume_config(args.resume, overrides), resume=True)
+        train(resume_config(args.resume, overrides, args.imports), resume=True)
     else:
-        train(load_config(recipe, overrides))
+        train(load_recipe(recipe, overrides, args.imports))
     return 0

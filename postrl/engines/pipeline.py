@@ -69,12 +69,12 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
 
-from postrl.config import Config
+from postrl.config import Config, generation_limits
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.records import Sample, Score, Task
@@ -239,11 +239,40 @@ class Pending:
 
 def generate(policy: Policy, order: Order, cfg: Config, on_ready=None) -> list[Sample]:
     """Sample an order with `policy`, from the generator (seed, step, stream): a lost order sampled
-    again, or a resumed run, makes the same draws."""
+    again, or a resumed run, makes the same draws. When some domain sets its own max_new_tokens or
+    stop strings the order is sampled in parts (`generate_by_limits`); otherwise in one call, so
+    recipes without them draw exactly what they always drew."""
     t = cfg.train
     gen = GenParams(t.max_new_tokens, t.temperature, t.top_p)
-    return policy.sample(order.tasks, t.samples_per_prompt, gen, step_generator(cfg.seed, order.step, order.stream),
-                         order.temperatures, on_ready=on_ready)
+    generator = step_generator(cfg.seed, order.step, order.stream)
+    if any(d.max_new_tokens or d.stop for d in cfg.domains.values()):
+        return generate_by_limits(policy, order, cfg, gen, generator, on_ready)
+    return policy.sample(order.tasks, t.samples_per_prompt, gen, generator, order.temperatures, on_ready=on_ready)
+
+
+def generate_by_limits(policy: Policy, order: Order, cfg: Config, gen: GenParams, generator, on_ready=None):
+    """One `policy.sample` call per distinct (max_new_tokens, stop strings), in order of first
+    appearance, drawing from the one generator in turn. The samples come back part after part,
+    their groups numbered on across the parts (a part's groups are renumbered as they finish,
+    before anyone sees them), so samples [g*n : (g+1)*n] are still group g."""
+    n = cfg.train.samples_per_prompt
+    parts: dict[tuple[int, tuple[str, ...]], list[int]] = {}
+    for i, task in enumerate(order.tasks):
+        parts.setdefault(generation_limits(cfg, task.domain), []).append(i)
+    samples: list[Sample] = []
+    for (max_new_tokens, stop), idx in parts.items():
+        offset = len(samples) // n
+
+        def renumber(ready: list[Sample], offset: int = offset) -> None:
+            for s in ready:
+                s.group += offset
+            if on_ready is not None:
+                on_ready(ready)
+
+        temps = [order.temperatures[i * n + j] for i in idx for j in range(n)]
+        samples += policy.sample([order.tasks[i] for i in idx], n, replace(gen, max_new_tokens=max_new_tokens,
+                                 stop_strings=stop), generator, temps, on_ready=renumber)
+    return samples
 
 
 def run_order(policy: Policy, order: Order, cfg: Config, scorer: Scorer) -> Pending:

@@ -16,6 +16,11 @@ last chunk is scored. The reward worker holds the run's domains; a code domain a
 its programs on the sandbox actor (`postrl.engines.ray_sandbox`), which holds the elastic pool
 and is shared with the trainer's own domains (eval).
 
+Extensions: the run's `imports:` are loaded by each rollout and reward actor when it starts
+(`postrl.extensions.load`), before it builds anything from the config; their verifier pools
+inherit them. A Python callable passed as a reward (`postrl.train(reward_funcs=...)`) lives in the
+trainer's process only: such a run is refused with one line before any actor starts.
+
 Faults: when a result cannot be fetched because a rollout or reward actor died, the dead actors
 are replaced (up to `ray.max_restarts` times in all) and every order in flight is submitted
 again. An order's outcome is fixed by its tasks, its weights and its (seed, step) generator, so
@@ -38,6 +43,7 @@ import torch
 from postrl.config import Config
 from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, reward_terms, run_order, score_chunk
 from postrl.engines.ray_sandbox import RaySandbox, start_sandbox_actor
+from postrl.extensions import load as load_extensions
 from postrl.policy.policy import Policy
 from postrl.records import Sample
 
@@ -60,6 +66,7 @@ class RolloutWorker:
     """Holds a copy of the policy; samples orders with the weights each one names."""
 
     def __init__(self, model, tok, cfg: Config):
+        load_extensions(cfg.imports)  # the run's own modules exist on every actor (`imports:`)
         torch.set_num_threads(1)  # one actor per CPU Ray schedules it on
         self.policy, self.cfg, self.loaded = Policy(model.eval(), tok), cfg, None
 
@@ -81,6 +88,7 @@ class RewardWorker:
     def __init__(self, cfg: Config, sandboxes: dict[str, RaySandbox]):
         from postrl.tasks.catalog import build_domains  # with the run's reward-model terms, as the trainer's
 
+        load_extensions(cfg.imports)  # before the domains: they may be the extensions' own
         torch.set_num_threads(1)
         self.cfg, self.domains, self.sandboxes = cfg, build_domains(cfg), sandboxes
         for name, backend in sandboxes.items():

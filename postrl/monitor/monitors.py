@@ -27,6 +27,7 @@ Their settings (`MonitorConfig`, one dataclass per monitor) are in `postrl.monit
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import deque
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 
 from postrl.monitor.alerts import ALERT_ACTIONS, Alert
 from postrl.monitor.settings import (  # noqa: F401  (re-exported for callers of build_monitors)
+    PLUGIN_SETTINGS,
     EntropyCollapseConfig,
     FormatShareConfig,
     KlSpikeConfig,
@@ -100,15 +102,28 @@ MONITORS = Registry("monitor")
 """Name -> class(settings, MonitorContext) -> Monitor; each has its settings at `monitor.NAME`."""
 
 
-def register_monitor(name: str):
-    """Class decorator: registers the monitor and gives it its name."""
+def register_monitor(name: str, settings: type | None = None):
+    """Class decorator: registers the monitor and gives it its name. A monitor registered outside
+    postrl (an extension, `imports:`) declares its settings dataclass, with at least `enabled` and
+    `action` fields; a recipe sets them at `monitor.NAME` and they are checked like the built-ins'."""
 
     def deco(cls):
+        builtin = name in {f.name for f in dataclasses.fields(MonitorConfig)}
+        if not builtin and not _has_switches(settings):
+            raise ValueError(f"monitor {name!r}: register_monitor({name!r}, settings=DATACLASS) with "
+                             f"`enabled` and `action` fields")
         MONITORS.add(name, cls)
+        if not builtin:
+            PLUGIN_SETTINGS[name] = settings
         cls.name = name
         return cls
 
     return deco
+
+
+def _has_switches(settings: type | None) -> bool:
+    names = {f.name for f in dataclasses.fields(settings)} if dataclasses.is_dataclass(settings) else set()
+    return {"enabled", "action"} <= names
 
 
 def _finite(metrics: dict[str, float], name: str) -> float | None:

@@ -52,6 +52,8 @@ class FastLM:
         self.act = ACT2FN[cfg.hidden_act]
         self.inter = cfg.intermediate_size
         self.dtype = model.model.embed_tokens.weight.dtype
+        self.device = model.model.embed_tokens.weight.device
+        """Where every tensor this forward makes is created: the model's own device."""
 
     @classmethod
     def wrap(cls, model) -> FastLM | None:
@@ -93,21 +95,23 @@ class FastLM:
 
     def rotary(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin tables [max_len, D] from the model's own rotary module."""
-        pos = torch.arange(max_len)[None]
-        probe = torch.zeros((), dtype=self.dtype)
+        pos = torch.arange(max_len, device=self.device)[None]
+        probe = torch.zeros((), dtype=self.dtype, device=self.device)
         cos, sin = self.model.model.rotary_emb(probe, pos)
         return cos[0], sin[0]
 
     def new_cache(self, batch: int, max_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (batch, self.kv_heads, max_len, self.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.dtype, device=self.device))
                 for _ in self.model.model.layers]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.model.lm_head
         return F.linear(hidden, head.weight, head.bias)
 
-    def hidden(self, ids, cos, sin, bias, layers, kv=None, start: int = 0, causal: bool = False, share=None):
+    def hidden(self, ids, cos, sin, bias, layers, kv=None, start: int = 0, causal: bool = False, share=None,
+               segments: list[int] | None = None):
         """Final-norm hidden states for ids [B, S]: [B, S, H], or [N, H] with `share`.
 
         cos, sin: [B, S, D] rotary rows at each token's position. bias: additive attention mask
@@ -115,7 +119,9 @@ class FastLM:
         `new_cache`; the new keys/values are written at columns start..start+S and attention
         covers columns 0..start+S. share: a `Shared` from `shared_prefixes`; norms, projections
         and the MLP (nearly all the FLOPs) then run once per distinct prefix, and only
-        attention sees the tokens in their [B, S] places."""
+        attention sees the tokens in their [B, S] places. segments: packed sequences (ids [1, S]
+        holding several sequences back to back, of these lengths): attention is causal within
+        each one and never crosses into another."""
         b, s = ids.shape
         if share is not None:
             ids, cos, sin = ids.flatten()[share.owner], cos.flatten(0, 1)[share.owner], sin.flatten(0, 1)[share.owner]
@@ -136,7 +142,9 @@ class FastLM:
                 kc[:, :, start : start + s] = k
                 vc[:, :, start : start + s] = v
                 k, v = kc[:, :, : start + s], vc[:, :, : start + s]
-            if s == 1:
+            if segments is not None:
+                att = _segment_attention(q, k, v, segments, hk != h).transpose(1, 2)
+            elif s == 1:
                 att = _one_query_attention(q, k, v, bias).transpose(1, 2)
             else:
                 att = F.scaled_dot_product_attention(
@@ -190,7 +198,8 @@ def shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Sh
             if node == len(owner):
                 owner.append(r * s + t)
             slot[r * s + t] = parent = node
-    return Shared(torch.tensor(owner), torch.tensor(slot))
+    device = input_ids.device
+    return Shared(torch.tensor(owner, device=device), torch.tensor(slot, device=device))
 
 
 def _one_query_attention(q, k, v, bias) -> torch.Tensor:
@@ -207,6 +216,21 @@ def _one_query_attention(q, k, v, bias) -> torch.Tensor:
     return torch.matmul(torch.softmax(scores, dim=-1), v).reshape(b, h, 1, d)
 
 
+def _segment_attention(q, k, v, segments: list[int], gqa: bool) -> torch.Tensor:
+    """Causal attention inside each packed sequence: q [1, h, S, D], k/v [1, hk, S, D] -> [1, h, S, D].
+
+    One causal SDPA call per sequence, on that sequence's slice only: no [S, S] block mask is
+    built (a long packed micro-batch would need S^2 of them), and no query can see another
+    sequence's keys, since they are not in its call."""
+    out, start = [], 0
+    for n in segments:
+        end = start + n
+        out.append(F.scaled_dot_product_attention(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end],
+                                                  is_causal=True, enable_gqa=gqa))
+        start = end
+    return torch.cat(out, dim=2)
+
+
 def _spread(t: torch.Tensor, share: Shared | None, b: int, s: int) -> torch.Tensor:
     """[N, heads, D] per distinct prefix -> [B, S, heads, D] per position (differentiable gather)."""
     if share is None:
@@ -220,9 +244,9 @@ def padding_bias(key_valid: torch.Tensor, queries: int, dtype) -> torch.Tensor:
     Every position may also see itself, so a padding query never has an empty row (an empty
     row would give NaN, and NaN keys poison later steps even when masked)."""
     t = key_valid.shape[1]
-    cols = torch.arange(t)
+    cols = torch.arange(t, device=key_valid.device)
     rows = cols[t - queries :, None]
     allowed = (cols[None] <= rows) & key_valid[:, None, :].bool()  # [B, Q, T]
     allowed |= cols[None] == rows
-    bias = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device).masked_fill_(~allowed, float("-inf"))
     return bias[:, None]

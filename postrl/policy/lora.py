@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from postrl.config import LoraConfig
+from postrl.policy.logprobs import hf_decoder_and_head
 
 
 def apply_lora(model, cfg: LoraConfig):
@@ -62,6 +63,27 @@ class AdapterFreeReference:
     def __call__(self, **inputs):
         with self._model.disable_adapter():
             return self._model(**inputs)
+
+    def decoder_and_head(self):
+        """(decoder run with the adapters off, head) for the chunked log-probs; None if the
+        architecture has no such split. LoRA on the head itself is off too: the base head runs."""
+        split = hf_decoder_and_head(self._model)
+        if split is None:
+            return None
+        decoder, head = split
+
+        @torch.no_grad()
+        def run_decoder(**inputs):
+            with self._model.disable_adapter():
+                return decoder(**inputs)
+
+        @torch.no_grad()
+        def run_head(hidden):
+            with self._model.disable_adapter():
+                return head(hidden)
+
+        run_head.weight = getattr(head, "weight", None)  # its vocabulary size, for the chunking
+        return run_decoder, run_head
 
     def eval(self):
         return self

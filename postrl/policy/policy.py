@@ -22,12 +22,19 @@ class Policy:
         """Optimiser updates applied so far; stamped on every sample."""
 
     def encode_prompt(self, text: str) -> list[int]:
+        return self.encode_task(Task("", "", text, ""))
+
+    def encode_task(self, task: Task) -> list[int]:
+        """The prompt's token ids. A model with a chat template gets the task's chat messages
+        (system and user turns; `prompt` as the one user message when the domain gives none)
+        through its template, with the assistant turn opened. A model without one (the built-in
+        character models) gets `prompt` as plain text: it was never taught chat turns."""
         if getattr(self.tok, "chat_template", None):
-            messages = [{"role": "user", "content": text}]
+            messages = list(task.messages) if task.messages else [{"role": "user", "content": task.prompt}]
             # return_dict=False: transformers 5 otherwise returns a BatchEncoding (list() of it gives its keys)
             return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                      return_dict=False))
-        return self.tok(text)["input_ids"]
+        return self.tok(task.prompt)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
@@ -51,7 +58,7 @@ class Policy:
         Their `timings["sample_s"]` is filled in when their generation chunk ends."""
         was_training = self.model.training
         self.model.eval()
-        encoded = [self.encode_prompt(t.prompt) for t in tasks]
+        encoded = [self.encode_task(t) for t in tasks]
         flat = [(g, task, ids) for g, (task, ids) in enumerate(zip(tasks, encoded)) for _ in range(n)]
         temps = temperatures or [params.temperature] * len(flat)
         out: list[Sample | None] = [None] * len(flat)

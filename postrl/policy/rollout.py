@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from postrl.policy.device import model_device
 from postrl.policy.fastlm import FastLM, padding_bias, shared_prefixes
 
 
@@ -57,14 +58,15 @@ class Generation:
     """'stop' (EOS or stop string) or 'length'."""
 
 
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids, mask [B, width], built on the CPU and moved to `device` in one copy each."""
     width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(prompts), width), dtype=torch.long, device="cpu")
     for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long, device="cpu")
         mask[i, width - len(p) :] = 1
-    return ids, mask
+    return ids.to(device or "cpu"), mask.to(device or "cpu")
 
 
 def pick_tokens(logits: torch.Tensor, params: GenParams, uniform: torch.Tensor | None):
@@ -109,15 +111,16 @@ def generate(
     if not prompts:
         return []
     # a group's samples share their prompt: its prefill runs once and the cache rows are copied
+    device = model_device(model)
     unique: dict[tuple[int, ...], int] = {}
-    inverse = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts])
-    ids, mask = left_pad([list(p) for p in unique], pad_id)
+    inverse = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts], device=device)
+    ids, mask = left_pad([list(p) for p in unique], pad_id, device)
     lm = FastLM.wrap(model)
     stepper = _FastStepper(lm, ids, mask, params.max_new_tokens) if lm else _HFStepper(model, ids, mask)
     logits = stepper.first()[inverse]
     stepper.keep(inverse)
     stop_hit = _StopCheck(params.stop_strings, decode) if params.stop_strings and decode is not None else None
-    out = _Rows(len(prompts), params.max_new_tokens, on_done)
+    out = _Rows(len(prompts), params.max_new_tokens, on_done, device)
     _sample_loop(logits, stepper, params, eos_id, generator, stop_hit, compact_below, out)
     return out.finish()
 
@@ -126,11 +129,11 @@ class _Rows:
     """The sampled rows: tokens [B, N], logprobs [B, N], lengths [B], stopped [B]; tells `on_done`
     about rows as they end."""
 
-    def __init__(self, n: int, steps: int, on_done):
-        self.tokens = torch.zeros((n, steps), dtype=torch.long)
-        self.logprobs = torch.zeros((n, steps))
-        self.lengths = torch.full((n,), steps, dtype=torch.long)
-        self.stopped = torch.zeros(n, dtype=torch.bool)
+    def __init__(self, n: int, steps: int, on_done, device):
+        self.tokens = torch.zeros((n, steps), dtype=torch.long, device=device)
+        self.logprobs = torch.zeros((n, steps), device=device)
+        self.lengths = torch.full((n,), steps, dtype=torch.long, device=device)
+        self.stopped = torch.zeros(n, dtype=torch.bool, device=device)
         self.on_done = on_done
         self.gens: list[Generation | None] = [None] * n
 
@@ -147,7 +150,8 @@ class _Rows:
 
     def finish(self) -> list[Generation]:
         if self.on_done is not None:
-            self.ended(torch.tensor([i for i, g in enumerate(self.gens) if g is None], dtype=torch.long))
+            left = [i for i, g in enumerate(self.gens) if g is None]
+            self.ended(torch.tensor(left, dtype=torch.long, device=self.tokens.device))
             return self.gens
         toks, lps, lens, stops = (x.tolist() for x in (self.tokens, self.logprobs, self.lengths, self.stopped))
         return [Generation(toks[i][: lens[i]], lps[i][: lens[i]], "stop" if stops[i] else "length")
@@ -159,11 +163,15 @@ def _sample_loop(logits, stepper, params: GenParams, eos_id: int, generator, sto
     """The per-token loop from the prompts' next-token logits [B, V], writing into `out`."""
     n, steps = logits.shape[0], params.max_new_tokens
     tokens, logprobs, lengths, stopped = out.tokens, out.logprobs, out.lengths, out.stopped
-    rows = torch.arange(n)  # original index of each row still in the batch
-    live = torch.ones(n, dtype=torch.bool)  # rows of the current batch still generating
+    device = logits.device
+    rows = torch.arange(n, device=device)  # original index of each row still in the batch
+    live = torch.ones(n, dtype=torch.bool, device=device)  # rows of the current batch still generating
+    # the draws come from the generator's device (the CPU's seeded streams) and are copied to the
+    # model's: the same seed samples the same completions on every device
+    draw_on = generator.device if generator is not None else torch.device("cpu")
     for t in range(steps):
         # drawn for every original row, so a row's draw does not depend on the batch's shape
-        uniform = None if params.greedy else torch.rand(n, generator=generator)[rows]
+        uniform = None if params.greedy else torch.rand(n, generator=generator, device=draw_on).to(device)[rows]
         tok, lp = pick_tokens(logits, params, uniform)
         idx = rows[live]
         tokens[idx, t], logprobs[idx, t] = tok[live], lp[live]
@@ -197,7 +205,7 @@ class _FastStepper:
         self.layers = lm.layers()
         self.kv = lm.new_cache(ids.shape[0], total)
         # additive key mask for decode steps: prompt padding is -inf, generated columns are 0
-        self.key_bias = torch.zeros((ids.shape[0], 1, 1, total), dtype=lm.dtype)
+        self.key_bias = torch.zeros((ids.shape[0], 1, 1, total), dtype=lm.dtype, device=lm.device)
         self.key_bias[:, 0, 0, : self.width].masked_fill_(mask == 0, float("-inf"))
         self.next_pos = self.positions[:, -1] + 1
         self.col = self.width
@@ -265,7 +273,7 @@ class _StopCheck:
         self.window = 4 * max(map(len, stops)) + 2
 
     def __call__(self, tokens: torch.Tensor, rows: torch.Tensor, live: torch.Tensor, t: int) -> torch.Tensor:
-        hit = torch.zeros(len(rows), dtype=torch.bool)
+        hit = torch.zeros(len(rows), dtype=torch.bool, device=rows.device)
         lo = max(0, t + 1 - self.window)
         tails = tokens[rows[live], lo : t + 1].tolist()
         for j, tail in zip(live.nonzero().squeeze(-1).tolist(), tails):

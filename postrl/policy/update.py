@@ -1,12 +1,19 @@
 """The update: clipped policy gradient with a KL penalty, over a step's samples.
 
-    learner = Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model)  # model: micro-batches, checkpointing
+    learner = Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model)  # model: micro-batches, checkpointing, chunks
     batch = learner.build_batch(samples, kl_coef)      # tensors, reference log-probs, advantages
     stats = learner.update(batch, kl_coef, generator)  # ppo_epochs x minibatches optimiser steps
 
 The learner owns each step's advantages: `build_batch` computes them from the samples' rewards
 (`postrl.algo.advantages.group_advantages`) and writes each one into its sample (`advantage`,
 and `kl_penalty` when the KL goes into the reward), so the batch and the stored rollout agree.
+
+Memory (long chains): a minibatch is cut into micro-batches by `model.micro_batch_size`
+completions and/or `train.max_tokens_per_microbatch` tokens (whichever limit comes first); each
+micro-batch's forward is padded or, with `train.pack_sequences`, one packed sequence; the
+vocabulary head runs in chunks of `model.logits_chunk_mib` (`postrl.policy.logprobs`). The batch
+lives on the model's device; a bf16 model trains with float32 master weights
+(`postrl.policy.precision`).
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ import torch
 from postrl.algo.advantages import ADVANTAGES, group_advantages
 from postrl.algo.losses import LOSSES, aggregate, kl_estimate, truncated_is_weight
 from postrl.config import ModelConfig, RLConfig, TrainConfig
-from postrl.policy.logprobs import token_logprobs
+from postrl.policy.device import model_device
+from postrl.policy.logprobs import hf_decoder_and_head, token_logprobs
 from postrl.policy.policy import Policy
+from postrl.policy.precision import make_optimizer
 from postrl.records import Batch, Sample
 
 
@@ -48,6 +57,8 @@ class Learner:
         """Truncation of the behaviour->proximal importance weight on stale batches."""
         model_cfg = model_cfg or ModelConfig()
         self.micro_batch_size = model_cfg.micro_batch_size
+        self.chunk_mib = model_cfg.logits_chunk_mib
+        self.device = model_device(policy.model)
         self.forward_model = policy.model
         if model_cfg.gradient_checkpointing:
             # non-reentrant: with frozen embeddings (LoRA) the reentrant variant sees inputs that
@@ -60,7 +71,7 @@ class Learner:
             self.forward_model = _ModuleForward(policy.model)
         self.loss_fn = LOSSES.get(rl.loss)
         params = [p for p in policy.model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+        self.opt = make_optimizer(params, lr=train.lr, weight_decay=train.weight_decay)  # bf16: fp32 masters
         warmup = max(1, train.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warmup))
 
@@ -68,24 +79,12 @@ class Learner:
         """Right-pad prompt+completion rows (position t of the masks predicts token t+1), compute
         the reference log-probs once, and the advantages. `samples`: whole groups of
         `train.samples_per_prompt`, contiguous."""
-        pad = self.policy.tok.pad_token_id
-        rows = [s.prompt_ids + s.completion_ids for s in samples]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        loss_mask = torch.zeros((len(rows), width - 1))
-        old = torch.zeros((len(rows), width - 1))
-        for i, (s, row) in enumerate(zip(samples, rows)):
-            ids[i, : len(row)] = torch.tensor(row)
-            attn[i, : len(row)] = 1
-            start, n = len(s.prompt_ids) - 1, len(s.completion_ids)
-            loss_mask[i, start : start + n] = 1.0
-            old[i, start : start + n] = torch.tensor(s.logprobs)
-        temps = torch.tensor([s.temperature for s in samples])
+        ids, attn, loss_mask, old = (t.to(self.device) for t in _padded_rows(samples, self.policy.tok.pad_token_id))
+        temps = torch.tensor([s.temperature for s in samples], device=self.device)
         ref = None
         if self.ref_model is not None and self.rl.kl_coef > 0:
-            ref = self._logprobs(self.ref_model, torch.arange(len(rows)), ids, attn, loss_mask, temps,
-                                 out=torch.zeros_like(old))
+            ref = self._logprobs(self.ref_model, torch.arange(len(samples), device=self.device), ids, attn,
+                                 loss_mask, temps, out=torch.zeros_like(old))
         adv = self._advantages(samples, old, ref, loss_mask, kl_coef)
         prox = self._proximal_logprobs(samples, ids, attn, loss_mask, old, temps)
         return Batch(ids, attn, loss_mask, old, ref, adv, temps, prox)
@@ -95,8 +94,9 @@ class Learner:
         each reward is first reduced by kl_coef times the sequence KL to the reference (summed over
         tokens, on the behaviour log-probs), as in PPO-RLHF."""
         n = self.train_cfg.samples_per_prompt
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32).view(-1, n)  # [G, N]
-        verified = torch.tensor([s.score is not None and s.score.status == "ok" for s in samples]).view(-1, n)
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=self.device).view(-1, n)  # [G, N]
+        verified = torch.tensor([s.score is not None and s.score.status == "ok" for s in samples],
+                                device=self.device).view(-1, n)
         penalty = None
         if self.rl.kl_in == "reward" and ref is not None:
             kl = kl_estimate(old, ref, self.rl.kl_estimator)  # [B, T-1]
@@ -114,7 +114,7 @@ class Learner:
         None when every row is on-policy, so the synchronous loss is unchanged bit for bit.
         Fresh rows keep their behaviour log-probs: there the two policies are the same weights,
         and the sampler's numerics define the trust region as in the synchronous loop."""
-        stale = torch.tensor([s.policy_version != self.policy.version for s in samples])
+        stale = torch.tensor([s.policy_version != self.policy.version for s in samples], device=self.device)
         if not stale.any():
             return None
         return self._logprobs(self.forward_model, stale.nonzero().flatten(), ids, attn, loss_mask, temps,
@@ -125,28 +125,31 @@ class Learner:
         """`out` with `model`'s log-probs of the completion tokens written into `rows`, one
         micro-batch at a time (a forward over the whole batch is a memory spike with a large
         vocabulary), each cut to its longest row."""
-        for micro in self._micro_batches(rows):
+        for micro in self._micro_batches(rows, attn):
             width = int(attn[micro].sum(-1).max())
             logp, _ = token_logprobs(model, ids[micro, :width], attn[micro, :width], temps[micro],
-                                     needed=loss_mask[micro, : width - 1])
+                                     needed=loss_mask[micro, : width - 1], pack=self.train_cfg.pack_sequences,
+                                     chunk_mib=self.chunk_mib)
             out[micro, : width - 1] = logp * loss_mask[micro, : width - 1]
         return out
 
     def update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
         model = self.policy.model
-        sample_entropy = torch.zeros(batch.input_ids.shape[0])
+        sample_entropy = torch.zeros(batch.input_ids.shape[0], device=self.device)
         model.train()
         size = batch.input_ids.shape[0] // self.train_cfg.minibatches
         totals: dict[str, float] = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ent": 0.0, "clip": 0.0, "gn": 0.0}
         kl_max, steps = 0.0, 0
         for epoch in range(self.train_cfg.ppo_epochs):
-            order = torch.randperm(batch.input_ids.shape[0], generator=generator)
+            # drawn on the generator's device (the CPU's seeded stream): the same order on every device
+            order = torch.randperm(batch.input_ids.shape[0], generator=generator, device=generator.device)
+            order = order.to(self.device)
             for start in range(0, len(order), size):
                 mb = order[start : start + size]
                 self.opt.zero_grad(set_to_none=True)
                 # gradient accumulation: each micro-batch's loss is weighted by its share of the
                 # minibatch's aggregation denominator, so the summed gradient is the minibatch's
-                for micro in self._micro_batches(mb):
+                for micro in self._micro_batches(mb, batch.attention_mask):
                     weight = _share(batch.loss_mask[micro], batch.loss_mask[mb], self.rl.loss_agg)
                     loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy if epoch == 0 else None)
                     (weight * loss).backward()
@@ -167,9 +170,25 @@ class Learner:
             offpolicy=offpolicy_stats(batch, self.is_cap),
         )
 
-    def _micro_batches(self, mb: torch.Tensor) -> list[torch.Tensor]:
+    def _micro_batches(self, mb: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """`mb`'s rows in order, cut into micro-batches of at most `model.micro_batch_size` rows and
+        `train.max_tokens_per_microbatch` tokens (the forward's tokens: padded rows x longest row, or
+        the rows' sum when packed); a row over the budget alone makes a micro-batch."""
         size = self.micro_batch_size or len(mb)
-        return [mb[i : i + size] for i in range(0, len(mb), size)]
+        budget = self.train_cfg.max_tokens_per_microbatch
+        if not budget:
+            return [mb[i : i + size] for i in range(0, len(mb), size)]
+        lengths = attention_mask[mb].sum(-1).tolist()
+        packed = self.train_cfg.pack_sequences
+        out, start = [], 0
+        for end in range(1, len(mb) + 1):
+            span = lengths[start:end]
+            cost = sum(span) if packed else len(span) * max(span)
+            if end - start > 1 and (end - start > size or cost > budget):
+                out.append(mb[start : end - 1])
+                start = end - 1
+        out.append(mb[start:])
+        return out
 
     def _micro_loss(self, batch: Batch, rows: torch.Tensor, kl_coef: float, sample_entropy):
         """(loss, its terms as floats) of `rows`, aggregated over these rows only (the caller
@@ -181,7 +200,8 @@ class Learner:
         mask, old = batch.loss_mask[rows, : width - 1], batch.old_logprobs[rows, : width - 1]
         logp, ent = token_logprobs(
             self.forward_model, ids, attn, batch.temperatures[rows], with_entropy=True,
-            entropy_grad=rl.entropy_coef > 0, needed=mask,
+            entropy_grad=rl.entropy_coef > 0, needed=mask, pack=self.train_cfg.pack_sequences,
+            chunk_mib=self.chunk_mib,
         )
         weight = None
         if batch.prox_logprobs is not None:  # decoupled PPO: trust region around the proximal policy
@@ -192,7 +212,7 @@ class Learner:
         loss, ent_mean = pg, aggregate(ent, mask, rl.loss_agg)
         if sample_entropy is not None:
             sample_entropy[rows] = ((ent * mask).sum(-1) / mask.sum(-1).clamp(min=1)).detach()
-        kl_mean, kl_max = torch.zeros(()), 0.0
+        kl_mean, kl_max = torch.zeros((), device=self.device), 0.0
         if batch.ref_logprobs is not None:
             kl = kl_estimate(logp, batch.ref_logprobs[rows, : width - 1], rl.kl_estimator)  # [b, t]
             kl_mean = aggregate(kl, mask, rl.loss_agg)
@@ -203,6 +223,24 @@ class Learner:
             loss = loss - rl.entropy_coef * ent_mean
         return loss, {"loss": float(loss.detach()), "pg": float(pg.detach()), "kl": float(kl_mean.detach()),
                       "ent": float(ent_mean.detach()), "clip": st.clip_frac, "kl_max": kl_max}
+
+
+def _padded_rows(samples: list[Sample], pad: int):
+    """Right-padded prompt+completion rows on the CPU: ids, attention [B, T]; loss mask and
+    behaviour log-probs [B, T-1], where position t predicts token t+1."""
+    rows = [s.prompt_ids + s.completion_ids for s in samples]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device="cpu")
+    attn = torch.zeros((len(rows), width), dtype=torch.long, device="cpu")
+    loss_mask = torch.zeros((len(rows), width - 1), device="cpu")
+    old = torch.zeros((len(rows), width - 1), device="cpu")
+    for i, (s, row) in enumerate(zip(samples, rows)):
+        ids[i, : len(row)] = torch.tensor(row, device="cpu")
+        attn[i, : len(row)] = 1
+        start, n = len(s.prompt_ids) - 1, len(s.completion_ids)
+        loss_mask[i, start : start + n] = 1.0
+        old[i, start : start + n] = torch.tensor(s.logprobs, device="cpu")
+    return ids, attn, loss_mask, old
 
 
 def offpolicy_stats(batch: Batch, cap: float) -> dict[str, float]:
@@ -246,3 +284,7 @@ class _ModuleForward:
 
     def __call__(self, **inputs):
         return self._model(**inputs)
+
+    def decoder_and_head(self):
+        """The model's own decoder (checkpointed layers) and head, for the chunked log-probs."""
+        return hf_decoder_and_head(self._model)

@@ -13,6 +13,7 @@ The row schema (`SCHEMA`, one row per completion) mirrors `RolloutRow` field for
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -56,6 +57,8 @@ SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("temperature", pa.float64()),
         ("timings", pa.map_(pa.string(), pa.float64())),
+        ("task_columns", pa.string()),
+        ("extracted", pa.string()),
     ],
     metadata={"postrl.schema_version": SCHEMA_VERSION},
 )
@@ -94,6 +97,11 @@ class RolloutRow:
     finish_reason: str = "stop"
     temperature: float = 1.0
     timings: dict[str, float] = field(default_factory=dict)
+    task_columns: str | None = None
+    """Every column of the data set row the task came from, as a JSON object (dataset domains;
+    None for generated ones): `SELECT json_extract_string(task_columns, '$.question') ...`."""
+    extracted: str | None = None
+    """The answer the verifier graded, as extracted from the completion (None: no extraction)."""
 
     @classmethod
     def from_sample(cls, run: str, step: int, index: int, sample) -> RolloutRow:
@@ -123,13 +131,16 @@ class RolloutRow:
             finish_reason=sample.finish_reason,
             temperature=float(sample.temperature),
             timings={k: float(v) for k, v in sample.timings.items()},
+            task_columns=_row_json(sample.task),
+            extracted=None if score is None else score.extracted,
         )
 
     def to_sample(self):
-        """Rebuild a `Sample` for replay. The task's `meta` is not stored, so it comes back empty."""
+        """Rebuild a `Sample` for replay. Of the task's `meta` only the data set row comes back (`row`)."""
         from postrl.records import Sample  # lazy: keeps torch out of store readers
 
-        task = Task(self.domain, self.task_id, self.prompt, self.answer, level=self.level)
+        meta = {} if self.task_columns is None else {"row": json.loads(self.task_columns)}
+        task = Task(self.domain, self.task_id, self.prompt, self.answer, level=self.level, meta=meta)
         score = None
         if self.reward is not None:
             score = Score(
@@ -138,6 +149,7 @@ class RolloutRow:
                 status=self.verifier_status or "ok",
                 components=dict(self.reward_components),
                 detail=self.detail,
+                extracted=self.extracted,
             )
         return Sample(
             task=task,
@@ -156,6 +168,11 @@ class RolloutRow:
 
 
 _MAP_COLUMNS = ("reward_components", "timings")
+
+
+def _row_json(task: Task) -> str | None:
+    row = task.meta.get("row") if isinstance(task.meta, dict) else None
+    return None if row is None else json.dumps(row, ensure_ascii=False, default=str)
 
 
 def rows_to_table(rows: Sequence[RolloutRow]) -> pa.Table:

@@ -1,0 +1,75 @@
+"""Write the one-step word problems of recipes/smollm2-gsm.yaml, in GSM8K's JSONL format.
+
+    python scripts/make_word_problems.py [--out recipes/data]
+
+Each line is {"question": ..., "answer": "<worked solution>\\n#### <number>"}, as in GSM8K.
+Files (fixed by the seed, so the shipped files are reproducible):
+  word_problems_train.jsonl   2000 addition and subtraction problems (trained on)
+  word_problems_test.jsonl     200 addition and subtraction problems (held out; none in train)
+  multiplication_test.jsonl    200 multiplication problems (never trained on: the control)
+
+Why these: SmolLM2-135M-Instruct solves 1-2% of GSM8K itself, so a gain there cannot be measured on
+2 CPU cores. Measured before choosing (32 problems x 4 samples, T=0.7, 128 new tokens, the last
+number of the reply graded): one-step addition/subtraction with numbers up to 20: 9% right;
+one-step multiplication (2-9 x 2-6): 13%; reasoning-gym's leg_counting and basic_arithmetic: 1%.
+So these are within the model's reach: right sometimes, rarely reliably.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+NAMES = ["Sam", "Mia", "Leo", "Ava", "Ben", "Zoe", "Noah", "Lily", "Omar", "Ines", "Raj", "Yuki"]
+ITEMS = ["apples", "marbles", "books", "stickers", "pencils", "cards", "shells", "coins", "stamps", "cookies"]
+
+
+def add_or_subtract(rng: random.Random) -> tuple[str, str]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    if rng.random() < 0.5:
+        question = f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?"
+        return question, f"{name} has {a} + {b} = {a + b} {item} now.\n#### {a + b}"
+    a, b = max(a, b), min(a, b)
+    question = f"{name} has {a} {item}. {name} gives away {b} {item}. How many {item} does {name} have left?"
+    return question, f"{name} has {a} - {b} = {a - b} {item} left.\n#### {a - b}"
+
+
+def multiply(rng: random.Random) -> tuple[str, str]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    per_box, boxes = rng.randint(2, 9), rng.randint(2, 6)
+    question = f"{name} has {boxes} boxes. Each box holds {per_box} {item}. How many {item} does {name} have in all?"
+    return question, f"{name} has {boxes} x {per_box} = {boxes * per_box} {item} in all.\n#### {boxes * per_box}"
+
+
+def draw(make, rng: random.Random, n: int, exclude: set[str]) -> list[dict[str, str]]:
+    rows, seen = [], set(exclude)
+    while len(rows) < n:
+        question, answer = make(rng)
+        if question not in seen:
+            seen.add(question)
+            rows.append({"question": question, "answer": answer})
+    return rows
+
+
+def write(path: Path, rows: list[dict[str, str]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"{path}: {len(rows)} problems")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="recipes/data")
+    out = Path(ap.parse_args().out)
+    out.mkdir(parents=True, exist_ok=True)
+    test = draw(add_or_subtract, random.Random("word-problems-test"), 200, set())
+    train = draw(add_or_subtract, random.Random("word-problems-train"), 2000, {r["question"] for r in test})
+    write(out / "word_problems_train.jsonl", train)
+    write(out / "word_problems_test.jsonl", test)
+    write(out / "multiplication_test.jsonl", draw(multiply, random.Random("multiplication-test"), 200, set()))
+
+
+if __name__ == "__main__":
+    main()
