@@ -70,7 +70,7 @@ def report(base: dict, after: dict, cfg, trained: set[str], run_dir: Path, secon
     for name in base:
         if name not in trained:
             drop, se = changes[name]
-            verdict = "within" if drop >= -2 * se else "BEYOND"
-            print(f"untrained domain {name}: pass@1 change {drop:+.3f} ({verdict} noise)")
+            verdict = "no drop beyond 2 SE" if drop >= -2 * se else "a drop BEYOND 2 SE"
+            print(f"untrained domain {name}: pass@1 change {drop:+.3f} ({verdict})")
     print(f"run {run_dir}; total {seconds / 60:.1f} min")
     return changes
