@@ -22,7 +22,8 @@ set measures the allocator's high-water mark, not the memory the computation hol
 postrl's 2k-token update peaks at 3.51 GiB that way, 1.21 GiB with the threshold fixed).
 `--glibc-default` runs without it. While it runs its resident memory is polled, and
 past `--limit-gib` it is killed and reported as killed for memory, as is one the kernel kills.
-The last line is `RESULT ...`, one `arm@length=peak_GiB` per arm (`killed>LIMIT` when killed).
+The last lines: every arm's peak (`arm@length=GiB`, `killed>LIMIT` when killed), then
+`RESULT peak_ratio@LENGTH=naive/postrl target=3` at the longest length both arms ran.
 """
 
 from __future__ import annotations
@@ -178,6 +179,18 @@ def run_arm(arm: str, n: int, limit_gib: float, threads: int) -> dict:
     return {"peak_gib": usage.ru_maxrss * 1024 / 2**30, "killed": killed, **(json.loads(line[4:]) if line else {})}
 
 
+def _headline(rows: list[dict]) -> str:
+    """naive / postrl peak memory at the longest length both arms ran ('>' when naive was killed)."""
+    both = [r for r in rows if "postrl" in r and "naive" in r]
+    if not both:
+        return "peak_ratio=none"
+    r = both[-1]
+    naive, postrl = r["naive"], r["postrl"]
+    if naive["killed"]:
+        return f"peak_ratio@{r['length']}=>{naive['limit'] / postrl['peak_gib']:.1f}"
+    return f"peak_ratio@{r['length']}={naive['peak_gib'] / postrl['peak_gib']:.1f}"
+
+
 def _fmt(r: dict) -> str:
     return f"killed>{r['limit']:g}" if r["killed"] else f"{r['peak_gib']:.2f}"
 
@@ -223,7 +236,8 @@ def main() -> None:
                   f"peak {g['peak_gib']:.2f} GiB")
             result.append(f"gen{g['tokens']}_tok_s={g['tokens'] / g['gen_s']:.1f} gen_peak={g['peak_gib']:.2f}")
     print(f"total {time.perf_counter() - t_start:.0f}s")
-    print("RESULT " + " ".join(result) + " unit=GiB")
+    print("arms (GiB): " + " ".join(result))
+    print(f"RESULT {_headline(rows)} target=3")
 
 
 def _table(rows: list[dict], arms: list[str], limit: float) -> None:
