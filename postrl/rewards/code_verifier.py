@@ -28,19 +28,17 @@ from __future__ import annotations
 import ast
 import builtins
 import json
-import os
 import textwrap
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
 from postrl.rewards.extract import make_extractor
+from postrl.rewards.sandbox_handle import SandboxHandle
 from postrl.rewards.verifiers import CODE_COMPONENTS, VERIFIERS, VerifierSettings
-from postrl.sandbox.client import RemoteSandbox
 from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
-from postrl.sandbox.pool import RunRequest, RunResult, SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import RunRequest, RunResult, SandboxConfig
 
 TEST_STYLES = ("assert", "check", "io")
 WEIGHTS = RewardWeights(compiles=0.2, tests=0.8, timeout=0.1, memory=0.1, output=0.1)
@@ -135,8 +133,7 @@ class CodeVerifier:
         self.extract_spec = settings.extract or "code_fence"
         self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
         self.limits = JudgeLimits(timeout_s=settings.timeout_s, memory_mb=settings.memory_mb)
-        self._backend = None
-        self._lock = threading.Lock()
+        self.sandbox = SandboxHandle(self.sandbox_config(), settings.sandbox_url, settings.workers, "verifier code")
 
     @staticmethod
     def check_argument(arg: str, base_dir: str) -> str:
@@ -167,10 +164,7 @@ class CodeVerifier:
     # -- the sandbox, started on first use (the `code` domain's arrangement) -----------------------
 
     def backend(self):
-        with self._lock:
-            if self._backend is None:
-                self._backend = self._make_backend()
-            return self._backend
+        return self.sandbox.get()
 
     def sandbox_config(self) -> SandboxConfig | None:
         """The local pool this verifier runs on; None when it uses a sandbox server."""
@@ -181,24 +175,10 @@ class CodeVerifier:
 
     def use_sandbox(self, backend) -> None:
         """Run on `backend` (the Ray engine's sandbox actor) instead of a pool of this process's own."""
-        self.close()
-        with self._lock:
-            self._backend = backend
-
-    def _make_backend(self):
-        cfg = self.sandbox_config()
-        if cfg is None:
-            return RemoteSandbox(self.settings.sandbox_url, concurrency=max(1, self.settings.workers or (os.cpu_count() or 1)))
-        try:
-            return SandboxPool(cfg)
-        except SandboxUnavailable as e:
-            raise UserError(f"verifier code: {e}") from None
+        self.sandbox.use(backend)
 
     def close(self) -> None:
-        with self._lock:
-            if isinstance(self._backend, SandboxPool):
-                self._backend.close()
-            self._backend = None
+        self.sandbox.close()
 
 
 def _io_verdict(task_id: str, code: str, runs: list[tuple[RunResult, str]]) -> CodeVerdict:

@@ -33,14 +33,13 @@ import hashlib
 import json
 import os
 import random
-import threading
 from dataclasses import dataclass, field
 
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
-from postrl.sandbox.client import RemoteSandbox
+from postrl.rewards.sandbox_handle import SandboxHandle
 from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
-from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxConfig
 from postrl.tasks.base import heldout_by_level, is_heldout, parse_params, register_domain
 
 SOURCES = ("humaneval", "generated")
@@ -157,8 +156,7 @@ class Code:
             raise UserError(f"domains.{self.name}.params.heldout_percent = {p.heldout_percent}: must be in 1..99")
         self.seed = seed
         self.weights = RewardWeights(p.w_compiles, p.w_tests, p.penalty_timeout, p.penalty_memory, p.penalty_output)
-        self._backend = None
-        self._lock = threading.Lock()
+        self.sandbox = SandboxHandle(self.sandbox_config(), p.sandbox_url, p.workers, "domain code")
 
     def _humaneval_task(self, r: dict) -> Task:
         meta = {"test": r["test"], "entry_point": r["entry_point"], "canonical": r["canonical_solution"]}
@@ -212,10 +210,7 @@ class Code:
         return Score(reward=reward, correct=v.passed, status="ok", components=comps, detail=detail)
 
     def judge(self) -> CodeJudge:
-        with self._lock:
-            if self._backend is None:
-                self._backend = self._make_backend()
-        return CodeJudge(self._backend, JudgeLimits(timeout_s=self.params.timeout_s, memory_mb=self.params.memory_mb))
+        return CodeJudge(self.sandbox.get(), JudgeLimits(timeout_s=self.params.timeout_s, memory_mb=self.params.memory_mb))
 
     def sandbox_config(self) -> SandboxConfig | None:
         """The local pool this domain runs on; None when it uses a sandbox server (`sandbox_url`)."""
@@ -228,22 +223,7 @@ class Code:
     def use_sandbox(self, backend) -> None:
         """Run on `backend` (anything with `run_many`, e.g. the Ray engine's sandbox actor) instead
         of a pool of this process's own."""
-        self.close()
-        with self._lock:
-            self._backend = backend
-
-    def _make_backend(self):
-        p = self.params
-        cfg = self.sandbox_config()
-        if cfg is None:
-            return RemoteSandbox(p.sandbox_url, concurrency=max(1, p.workers or (os.cpu_count() or 1)))
-        try:
-            return SandboxPool(cfg)
-        except SandboxUnavailable as e:
-            raise UserError(f"domain code: {e}") from None
+        self.sandbox.use(backend)
 
     def close(self) -> None:
-        with self._lock:
-            if isinstance(self._backend, SandboxPool):
-                self._backend.close()
-            self._backend = None
+        self.sandbox.close()
