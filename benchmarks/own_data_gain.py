@@ -20,6 +20,7 @@ beyond 2 SE on the control; at most 90 minutes on 2 CPU cores, evaluation includ
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -29,20 +30,17 @@ from postrl.config import load_config
 from postrl.loop import train
 from postrl.models import load_model
 from postrl.policy.policy import Policy
-from postrl.tasks.catalog import make_domain, recipe_params
+from postrl.tasks.catalog import build_domains
 
 TARGET_GAIN = 0.05
 TARGET_MINUTES = 90
 
 
 def suites_of(cfg) -> tuple[dict, set[str]]:
-    """{domain: (Domain, held-out tasks)} for the trained and the eval-only domains; the trained names."""
-    suites = {}
-    for name, dcfg in [*cfg.domains.items(), *cfg.eval.domains.items()]:
-        kind = dcfg.type or name
-        domain = make_domain(kind, recipe_params(kind, dcfg.params, cfg.base_dir), cfg.seed, name)
-        suites[name] = (domain, domain.heldout(cfg.eval.num_problems))
-    return suites, set(cfg.domains)
+    """{domain: (Domain, held-out tasks)} for the trained and the eval-only domains, built as a run
+    builds them; the trained names."""
+    domains = build_domains(cfg) | build_domains(dataclasses.replace(cfg, domains=cfg.eval.domains))
+    return {name: (d, d.heldout(cfg.eval.num_problems)) for name, d in domains.items()}, set(cfg.domains)
 
 
 def max_new_tokens(cfg) -> dict[str, int]:
