@@ -6,14 +6,18 @@
 A `<think>...</think>` section is removed before any extractor looks at the reply, so an answer
 that appears only inside the reasoning is not an answer (an unclosed `<think>` removes the rest).
 Every extractor returns the extracted text, or None when the reply has no answer in the
-requested form (graded as wrong, not as "could not verify").
+requested form (graded as wrong, not as "could not verify"). `boxed`, `hash` and `tag:NAME` take
+the last answer in their form, and none when the reply gives several different ones: a reply
+that hedges over candidates (`\\boxed{84} \\boxed{85}`) has not answered (the hack library,
+`postrl.rewards.hacks`, checks this).
 
-    >>> extract("boxed", "\\\\boxed{1} then \\\\boxed{\\\\frac{a}{\\\\sqrt{b}}}")   # the last, nested braces
+    >>> extract("boxed", "\\\\boxed{1} then \\\\boxed{1}, so \\\\boxed{\\\\frac{a}{\\\\sqrt{b}}}")   # several: none
+    >>> extract("boxed", "so \\\\boxed{\\\\frac{a}{\\\\sqrt{b}}}, that is \\\\boxed{ \\\\frac{a}{\\\\sqrt{b}} }")   # nested braces
     '\\\\frac{a}{\\\\sqrt{b}}'
     >>> extract("hash", "48/2 = 24 clips in May.\\n#### 72")
     '72'
-    >>> extract("tag:answer", "<answer>3</answer> or rather <answer> 4 </answer>")
-    '4'
+    >>> extract("tag:answer", "<answer>3</answer> or rather <answer> 4 </answer>") is None
+    True
     >>> extract("last_number", "She pays $1,250.50, then 3 more")
     '3'
     >>> extract("code_fence", "```python\\ndef f(): pass\\n```\\nand\\n```\\nprint(1)\\n```")
@@ -33,7 +37,6 @@ from collections.abc import Callable
 
 from postrl.errors import ConfigError
 from postrl.registry import Registry
-from postrl.rewards.format import boxed_answer
 from postrl.rewards.terms import register_term
 
 Extractor = Callable[[str], "str | None"]
@@ -47,6 +50,7 @@ _HASH = re.compile(r"####\s*([^\n]*)")
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _TAG_NAME = re.compile(r"[A-Za-z_][\w\-]*")
+_BOX = re.compile(r"\\(?:boxed|fbox)\{")
 
 
 def strip_think(text: str) -> str:
@@ -62,10 +66,32 @@ def _register(name: str, takes_argument: bool = False):
     return deco
 
 
+def _one_answer(found: list[str]) -> str | None:
+    """The last of the answers found, or None when there are none or several different ones."""
+    return found[-1] if found and len(set(found)) == 1 else None
+
+
+def all_boxed(text: str) -> list[str]:
+    """The stripped content of every closed `\\boxed{...}` / `\\fbox{...}`, nested braces balanced, in order."""
+    found = []
+    for m in _BOX.finditer(text):
+        depth = 1
+        for j in range(m.end(), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                found.append(text[m.end():j].strip())
+                break
+    return found
+
+
 @_register("boxed")
 def _boxed(_: str) -> Extractor:
-    """The content of the last `\\boxed{...}`, nested braces balanced."""
-    return boxed_answer
+    """The content of the last `\\boxed{...}`, nested braces balanced; none if the boxes differ."""
+
+    def run(text: str) -> str | None:
+        return _one_answer(all_boxed(text))
+
+    return run
 
 
 @_register("hash")
@@ -73,8 +99,8 @@ def _hash(_: str) -> Extractor:
     """GSM8K's final line: what follows the last `####`, commas in numbers dropped."""
 
     def run(text: str) -> str | None:
-        found = _HASH.findall(text)
-        return found[-1].strip().replace(",", "") if found and found[-1].strip() else None
+        found = [f.strip().replace(",", "") for f in _HASH.findall(text)]
+        return _one_answer(found) or None
 
     return run
 
@@ -85,8 +111,7 @@ def _tag(name: str) -> Extractor:
     pattern = re.compile(rf"<{re.escape(name)}>(.*?)</{re.escape(name)}>", re.DOTALL)
 
     def run(text: str) -> str | None:
-        found = pattern.findall(text)
-        return found[-1].strip() if found else None
+        return _one_answer([f.strip() for f in pattern.findall(text)])
 
     return run
 

@@ -70,6 +70,8 @@ class VerifierSettings:
     """code: a SandboxFusion-compatible server instead of a local pool."""
     base_dir: str = ""
     """Directory that `rm:DIR` and user modules resolve against (the recipe's)."""
+    rm_batch_size: int = 0
+    """rm:DIR: inputs per forward pass of the reward model; 0 = the model's own (postrl_rm.json)."""
 
 
 class Verifier(Protocol):
@@ -217,20 +219,23 @@ _LETTER_BRACKETED = re.compile(r"\(([A-Z])\)")
 
 
 def choice_letter(text: str) -> str | None:
-    """The letter a reply chooses: the whole text is a letter (`B`, `(B)`, `B.`), else the last
-    'answer is B' / 'option: B', else the last bracketed capital `(B)`.
+    """The letter a reply chooses: the whole text is a letter (`B`, `(B)`, `B.`), else what
+    'answer is B' / 'option: B' says, else the bracketed capital `(B)`; None when the reply names
+    several different letters that way (a hedge, or the options echoed back, is no choice).
 
     >>> choice_letter("(C)"), choice_letter("I think the answer is b."), choice_letter("maybe")
     ('C', 'B', None)
+    >>> choice_letter("(A) x (B) y (C) z"), choice_letter("Not (A): the answer is (C).")
+    (None, 'C')
     """
     t = text.strip()
     whole = _LETTER.fullmatch(t)
     if whole:
         return whole.group(1)
     for pattern in (_LETTER_SAID, _LETTER_BRACKETED):
-        found = pattern.findall(t)
+        found = {x.upper() for x in pattern.findall(t)}
         if found:
-            return found[-1].upper()
+            return found.pop() if len(found) == 1 else None
     return None
 
 
@@ -304,7 +309,9 @@ VERIFIERS.add("math", MathAnswer)
 
 class RewardModelVerifier:
     """`rm:DIR`: a reward model's sigmoid score of (prompt, extracted reply) as the reward, with
-    component `rm`. It has no notion of right and wrong: correct is None, status ok."""
+    component `rm`. It has no notion of right and wrong: correct is None, status ok. The prompt is
+    the task's chat messages when it has them (rendered with the model's chat template), else its
+    text; replies are scored `rm_batch_size` at a time."""
 
     reward_components = ("rm",)
 
@@ -314,14 +321,14 @@ class RewardModelVerifier:
         self.extract_spec = settings.extract or "none"
         self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
         self.model = RewardModel.load(resolve(arg, settings.base_dir))
+        self.batch_size = settings.rm_batch_size
 
     def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]:
-        import math
+        from postrl.rewards.rm import sigmoid, task_prompt
 
         answers = [self.extractor(r.text) or "" for r in responses]
-        raw = self.model.score([t.prompt for t in tasks], answers)
-        return [Score(r, None, "ok", {"rm": r}, extracted=a)
-                for r, a in zip((1.0 / (1.0 + math.exp(-s)) for s in raw), answers)]
+        raw = self.model.score([task_prompt(t) for t in tasks], answers, batch_size=self.batch_size)
+        return [Score(r, None, "ok", {"rm": r}, extracted=a) for r, a in zip(map(sigmoid, raw), answers)]
 
     def close(self) -> None:
         pass

@@ -105,6 +105,8 @@ class DatasetParams:
     """code: memory cap of one program."""
     workers: int = 0
     """Sandbox or user-reward worker processes; 0 = one per CPU core."""
+    rm_batch_size: int = 0
+    """rm:DIR: replies per forward pass of the reward model; 0 = the model's own (`postrl rm train --score-batch-size`)."""
     allow_unisolated: bool = False
     """code: run without namespace isolation when bubblewrap is unavailable."""
     sandbox_url: str = ""
@@ -140,7 +142,7 @@ class Dataset:
         settings = VerifierSettings(extract=p.extract, tolerance=p.tolerance, timeout_s=p.timeout_s,
                                     tests_style=p.tests_style, memory_mb=p.memory_mb, workers=p.workers,
                                     allow_unisolated=p.allow_unisolated, sandbox_url=p.sandbox_url,
-                                    base_dir=p.base_dir)
+                                    base_dir=p.base_dir, rm_batch_size=p.rm_batch_size)
         self.verifier = make_verifier(p.verifier, settings, key=f"domains.{name}.params.verifier")
         self.reward_components = self.verifier.reward_components
         self.skipped: list[str] = []

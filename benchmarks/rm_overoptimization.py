@@ -1,0 +1,201 @@
+"""Reward-model over-optimisation on CPU: a proxy reward model, a gold rule, and the monitor between them.
+
+    nice .venv/bin/python benchmarks/rm_overoptimization.py [--steps 30] [--out docs/rm-overoptimization.png]
+
+1. The gold rule is the project's own (`postrl.rewards.concise`): a reply that answers right and
+   stays short beats one that is long, evasive or wrong.
+2. The tiny built-in policy (`tiny-arith`) answers training prompts twice each; the rule labels
+   each pair of its own samples (ties dropped): the preference set.
+3. A Bradley-Terry reward model on the same tiny pretrained backbone is trained on those pairs
+   (`postrl.rewards.rm`), and its held-out pairwise accuracy printed.
+4. RL (`postrl.train`) with that reward model as the domain's verifier (`verifier: rm:DIR`, the
+   proxy), the rule attached as the domain's monitoring-only `gold`, the `proxy_gold` monitor
+   watching both (action warn: the run goes on so that the curves show what follows), held-out
+   gold scored every step (an eval-only domain graded by the rule: pass@1 = share of held-out
+   replies that are right and short), checkpoints every 2 steps, the best checkpoint kept by
+   held-out score. Eval also scores the base model (step 0).
+5. Prints the proxy and gold curves, the step where gold peaked (the peak of the 3-step moving
+   average of held-out gold), the step where the monitor fired, and the held-out gold of the best
+   checkpoint kept; saves the plot; ends with `RESULT fire_minus_peak=<steps> target=<=3`.
+
+Targets (issue 19): the monitor fires within 3 steps of the gold peak; the kept checkpoint's gold
+is within 2 standard errors of the best seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import postrl
+from postrl.models import resolve_model_path
+from postrl.monitor.alerts import read_alerts
+from postrl.policy.model import load_model
+from postrl.policy.policy import Policy
+from postrl.policy.rollout import GenParams
+from postrl.records import Task
+from postrl.rewards.concise import concise_gold
+from postrl.rewards.preferences import Pair
+from postrl.rewards.rm import RewardModel, train_reward_model
+
+GOLD = "python:postrl.rewards.concise:concise"
+TARGET_STEPS = 3
+
+
+def sums(rng: random.Random, n: int, taken: set[str]) -> list[dict]:
+    """Two-digit sums below 100 with a carry (arith level 2 with require_carry, what tiny-arith was
+    pretrained on), none of them in `taken`."""
+    rows = []
+    while len(rows) < n:
+        a, b = rng.randint(10, 89), rng.randint(10, 89)
+        q = f"{a}+{b}="
+        if (a % 10 + b % 10) >= 10 and a + b < 100 and q not in taken:
+            taken.add(q)
+            rows.append({"q": q, "answer": str(a + b)})
+    return rows
+
+
+def own_preferences(model_dir: Path, rows: list[dict], seed: int) -> list[Pair]:
+    """Two samples of the policy per prompt, labelled by the gold rule; ties dropped."""
+    model, tok = load_model(str(model_dir), log=lambda *a: None)
+    policy = Policy(model, tok)
+    tasks = [Task("prefs", f"p{i}", r["q"], r["answer"]) for i, r in enumerate(rows)]
+    samples = policy.sample(tasks, 2, GenParams(max_new_tokens=8), generator=torch.Generator().manual_seed(seed))
+    pairs = []
+    for i in range(0, len(samples), 2):
+        x, y = samples[i], samples[i + 1]
+        gx, gy = (concise_gold(s.text, s.task.answer) for s in (x, y))
+        if gx != gy:
+            good, bad = (x, y) if gx > gy else (y, x)
+            pairs.append(Pair(x.task.prompt, good.text, bad.text))
+    return pairs
+
+
+def recipe(work: Path, rm_dir: Path, steps: int, lr: float) -> dict:
+    return {
+        "seed": 0, "model": {"name": "tiny-arith"},
+        "domains": {"open": {
+            "type": "dataset", "gold": GOLD,
+            "params": {"path": str(work / "train.jsonl"), "prompt": "{q}", "verifier": f"rm:{rm_dir}",
+                       "heldout_percent": 5}}},
+        "train": {"total_steps": steps, "prompts_per_step": 16, "samples_per_prompt": 8, "max_new_tokens": 8,
+                  "lr": lr, "minibatches": 2},
+        "rl": {"kl_coef": 0.0},
+        "eval": {"every_steps": 1, "at_start": True, "k": [1], "samples_per_problem": 4, "num_problems": 64, "temperature": 1.0,
+                 "domains": {"gold_heldout": {"type": "dataset", "params": {
+                     "path": str(work / "train.jsonl"), "heldout_path": str(work / "heldout.jsonl"),
+                     "heldout_percent": 0, "prompt": "{q}", "answer": "answer", "verifier": GOLD}}}},
+        "checkpoint": {"every_steps": 2, "keep_last": 2},
+        "monitor": {"proxy_gold": {"action": "warn"}, "spot_check_every_steps": 0},
+        "run": {"dir": str(work / "run"), "progress": False, "threads": 1},
+    }
+
+
+def curves(run_dir: Path, held_n: int) -> dict:
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    proxy = {m["step"]: m["reward/mean"] for m in metrics if "reward/mean" in m}
+    train_gold = {m["step"]: m["monitor/gold"] for m in metrics if "monitor/gold" in m}
+    gold = {}
+    for path in (run_dir / "eval").glob("step_*.json"):
+        gold[int(path.stem.split("_")[1])] = json.loads(path.read_text())["gold_heldout"]["pass@1"]
+    return {"proxy": proxy, "train_gold": train_gold, "gold": dict(sorted(gold.items())), "held_n": held_n}
+
+
+def moving_peak(gold: dict[int, float], k: int = 3) -> tuple[int, float]:
+    """(step, value) of the peak of the k-step trailing moving average, named by the step it ends at:
+    the last step whose gold it knows, as the monitor's own 3-step means are."""
+    steps = sorted(gold)
+    averaged = {s: sum(gold[t] for t in steps[i - k + 1 : i + 1]) / k for i, s in enumerate(steps) if i >= k - 1}
+    step = max(averaged, key=lambda s: averaged[s])
+    return step, averaged[step]
+
+
+def plot(c: dict, peak: int, fired: int | None, kept: int | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(list(c["proxy"]), list(c["proxy"].values()), label="proxy: reward model (train samples)")
+    ax.plot(list(c["gold"]), list(c["gold"].values()), label="gold: the rule, held-out pass@1", marker=".")
+    if c["train_gold"]:
+        ax.plot(list(c["train_gold"]), list(c["train_gold"].values()), ":", label="gold on train samples (3-step mean)")
+    ax.axvline(peak, color="green", linestyle="--", label=f"gold peak (3-step mean), step {peak}")
+    if fired is not None:
+        ax.axvline(fired, color="red", linestyle="--", label=f"proxy_gold monitor fired, step {fired}")
+    if kept is not None:
+        ax.axvline(kept, color="purple", linestyle=":", label=f"best checkpoint kept, step {kept}")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("score")
+    ax.set_title("Reward-model over-optimisation (tiny-arith, CPU)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--lr", type=float, default=1e-4, help="policy learning rate")
+    p.add_argument("--pairs-from", type=int, default=300, help="training prompts sampled twice for preferences")
+    p.add_argument("--rm-steps", type=int, default=40)
+    p.add_argument("--out", default="docs/rm-overoptimization.png")
+    p.add_argument("--work", default="", help="working directory (default: a temporary one)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    work = Path(args.work or tempfile.mkdtemp(prefix="rm-overopt-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rng, taken = random.Random(0), set()
+    train_rows, held_rows = sums(rng, 600, taken), sums(rng, 64, taken)
+    for name, rows in (("train", train_rows), ("heldout", held_rows)):
+        (work / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    backbone = resolve_model_path("tiny-arith", log=lambda m: print(m, file=sys.stderr))
+    pairs = own_preferences(backbone, train_rows[: args.pairs_from], seed=0)
+    rm = RewardModel.from_backbone(backbone, seed=0)
+    _, rm_report = train_reward_model(pairs, work / "rm", rm=rm, steps=args.rm_steps, batch_size=16, lr=1e-3)
+    print(f"preferences: {len(pairs)} pairs of the policy's own samples; reward model held-out accuracy "
+          f"{rm_report['heldout_accuracy']:.3f} ({rm_report['heldout_pairs']} pairs)")
+    run_dir = postrl.train(recipe(work, work / "rm", args.steps, args.lr), log=lambda m: print(m, file=sys.stderr))
+    return report(run_dir, len(held_rows) * 4, args, t0)
+
+
+def report(run_dir: Path, held_n: int, args, t0: float) -> int:
+    c = curves(run_dir, held_n)
+    peak, peak_value = moving_peak(c["gold"])
+    fires = [a for a in read_alerts(run_dir) if a.name == "proxy_gold"]
+    fired = fires[0].step if fires else None
+    best = json.loads((run_dir / "checkpoints" / "best.json").read_text()) if (run_dir / "checkpoints" / "best.json").is_file() else None
+    kept = best["step"] if best else None
+    best_seen = max(c["gold"].values())
+    se = math.sqrt(best_seen * (1 - best_seen) / held_n)  # binomial SE of a held-out pass@1 (correlated samples: a floor)
+    print(f"{'step':>5}{'proxy':>9}{'gold (held-out)':>17}")
+    for s in sorted(c["gold"]):
+        print(f"{s:>5}{c['proxy'].get(s, float('nan')):>9.3f}{c['gold'][s]:>17.3f}")
+    print(f"gold peak (3-step moving average, steps {peak - 2}..{peak}: centred on {peak - 1}): step {peak} "
+          f"({peak_value:.3f}); best single step "
+          f"{max(c['gold'], key=c['gold'].get)} ({best_seen:.3f}, SE {se:.3f})")
+    print(f"proxy_gold monitor fired: step {fired}" + (f" ({fires[0].message})" if fires else ""))
+    if kept is not None:
+        kept_gold = c["gold"].get(kept, float("nan"))
+        print(f"best checkpoint kept: step {kept}, held-out gold {kept_gold:.3f} "
+              f"({(best_seen - kept_gold) / se if se else 0:.2f} SE below the best seen; target <= 2)")
+    plot(c, peak, fired, kept, Path(args.out))
+    print(f"plot: {args.out}; wall {time.perf_counter() - t0:.0f}s; run {run_dir}")
+    gap = abs(fired - peak) if fired is not None else float("inf")
+    print(f"RESULT fire_minus_peak={gap} target<={TARGET_STEPS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
