@@ -57,6 +57,17 @@ class ModelConfig:
 
 
 @dataclass
+class RewardCheckConfig:
+    labels: str = ""
+    """JSONL of human-labelled replies (the domain's row columns, or prompt/gold, plus `response` and
+    `label`); empty = no gate. Relative to the recipe's directory."""
+    min_kappa: float = 0.8
+    """`train` refuses to start (exit 2) when Cohen's kappa of the domain's reward against the labels is below this."""
+    threshold: float = 0.5
+    """A reply counts as judged good when its reward is at least this."""
+
+
+@dataclass
 class DomainConfig:
     type: str = ""
     """Registry name of the domain; empty = the domain's key."""
@@ -72,6 +83,24 @@ class DomainConfig:
     """Longest completion for this domain, in tokens (0 = train.max_new_tokens); eval uses it too."""
     stop: list[str] = field(default_factory=list)
     """Strings that end a completion of this domain (cut before the string), in training and eval."""
+    gold: str = ""
+    """A scorer for monitoring only (any verifier spec: `math`, `python:MODULE:FUNCTION`, `rm:DIR`, ...):
+    logged as the reward component `gold` and watched by the `proxy_gold` monitor, never trained on."""
+    reward_check: RewardCheckConfig = field(default_factory=RewardCheckConfig)
+    """Gate the run on this domain's reward agreeing with human labels (`postrl reward-check`)."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the model may call in this domain's episodes (registered names: `calculator`, `python`,
+    user tools); any domain given tools becomes a multi-turn environment (docs/agents.md)."""
+    max_turns: int = 0
+    """Most assistant turns in one episode (0 = the environment's own: 4 with tools, a code-retry
+    domain's retries + 1, 1 otherwise)."""
+    max_episode_tokens: int = 0
+    """Token budget of one episode: prompt plus every turn, observations included (0 = the model's
+    context length). An episode that would pass it ends, with end reason `context`."""
+    tool_timeout_s: float = 10.0
+    """Wall-clock limit of one tool call; a call past it returns an error observation (status timeout)."""
+    tool_output_chars: int = 1000
+    """Longest tool result shown to the model, in characters (the rest is cut, with a marker)."""
 
 
 @dataclass
@@ -293,6 +322,7 @@ def raw_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict[str, 
     """The recipe's mapping with the overrides applied, before any check."""
     raw: dict[str, Any] = {}
     if path is not None:
+        path = recipe_path(path)
         raw = read_yaml(path)
         raw.setdefault("base_dir", str(Path(path).resolve().parent))
     for item in overrides:
@@ -318,6 +348,25 @@ def resolve_import(entry: str, base: Path) -> str:
         return str((base / entry).resolve())
     beside = base / (entry.replace(".", "/") + ".py")
     return str(beside.resolve()) if beside.is_file() else entry
+
+
+RECIPES = Path(__file__).parent / "recipes"  # shipped in the wheel; `recipes/` in a checkout links here
+
+
+def builtin_recipes() -> list[str]:
+    """The names `postrl train NAME` accepts: the recipes shipped inside the package."""
+    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
+
+
+def recipe_path(path: str | Path) -> Path:
+    """A recipe file, or a built-in recipe's name (`default` -> the package's recipes/default.yaml).
+    A file of that name in the working directory wins over the built-in one."""
+    p = Path(path)
+    if p.is_file() or p.suffix or len(p.parts) > 1:
+        return p
+    if (RECIPES / f"{p}.yaml").is_file():
+        return RECIPES / f"{p}.yaml"
+    raise ConfigError(f"recipe not found: {p} (not a file; built-in recipes: {', '.join(builtin_recipes())})")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -486,6 +535,11 @@ def validate_domains(cfg: Config) -> None:
                 raise ConfigError(f"config key '{prefix}.{name}.max_new_tokens' = {d.max_new_tokens}: must be >= 0")
             if any(not s for s in d.stop):
                 raise ConfigError(f"config key '{prefix}.{name}.stop': a stop string must not be empty")
+            for key in ("max_turns", "max_episode_tokens"):
+                if getattr(d, key) < 0:
+                    raise ConfigError(f"config key '{prefix}.{name}.{key}' = {getattr(d, key)}: must be >= 0")
+            if d.tool_timeout_s <= 0 or d.tool_output_chars < 1:
+                raise ConfigError(f"config key '{prefix}.{name}.tool_timeout_s' / 'tool_output_chars': must be > 0")
     both = sorted(set(cfg.domains) & set(cfg.eval.domains))
     if both:
         raise ConfigError(f"config key 'eval.domains.{both[0]}': already a training domain (domains.{both[0]})")

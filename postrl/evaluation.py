@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from postrl.algo.passk import pass_at_k
+from postrl.policy.episodes import EpisodeLimits, sample_episodes
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.registry import Registry
@@ -34,17 +35,29 @@ def count_correct(
     policy: Policy, domain: Domain, tasks: list, samples_per_problem: int, temperature: float,
     max_new_tokens: int, seed: int = 0, stop: tuple[str, ...] = (),
 ) -> tuple[list[bool], list[int]]:
-    """Per problem: is the greedy answer correct, and how many of `samples_per_problem` samples are."""
-    greedy = policy.sample(tasks, 1, GenParams(max_new_tokens, greedy=True, stop_strings=stop))
-    greedy_ok = [bool(s.correct) for s in domain.score(tasks, [x.response for x in greedy])]
+    """Per problem: is the greedy answer correct, and how many of `samples_per_problem` samples are.
+    An environment's problems are played as episodes (tools, feedback turns), as in training."""
+    _, greedy = play(policy, domain, tasks, 1, GenParams(max_new_tokens, greedy=True, stop_strings=stop))
+    greedy_ok = [bool(s.correct) for s in greedy]
     gen = torch.Generator().manual_seed(seed)
-    sampled = policy.sample(tasks, samples_per_problem,
-                            GenParams(max_new_tokens, temperature=temperature, stop_strings=stop), gen)
-    scores = domain.score([s.task for s in sampled], [s.response for s in sampled])
+    sampled, scores = play(policy, domain, tasks, samples_per_problem,
+                           GenParams(max_new_tokens, temperature=temperature, stop_strings=stop), gen)
     correct = [0] * len(tasks)
     for s, sc in zip(sampled, scores):
         correct[s.group] += bool(sc.correct)
     return greedy_ok, correct
+
+
+def play(policy: Policy, domain: Domain, tasks: list, n: int, params: GenParams,
+         generator: torch.Generator | None = None) -> tuple[list, list]:
+    """(samples, scores): n samples per task, graded; episodes when `domain` is an environment."""
+    if not callable(getattr(domain, "reset", None)):
+        samples = policy.sample(tasks, n, params, generator)
+        return samples, domain.score([s.task for s in samples], [s.response for s in samples])
+    limits = EpisodeLimits(params.max_new_tokens, params.stop_strings)
+    samples = sample_episodes(policy, tasks, n, {t.domain: domain for t in tasks}, lambda _: limits, params, generator)
+    return samples, domain.score_episodes([s.task for s in samples], [s.response for s in samples],
+                                          [s.episode for s in samples])
 
 
 def evaluate_domain(

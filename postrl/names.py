@@ -35,6 +35,7 @@ from postrl.rewards.terms import OWN_REWARD
 from postrl.rewards.verifiers import VerifierNames
 from postrl.store.rollouts import shard_steps
 from postrl.tasks.catalog import DOMAINS  # its import registers the built-in domains and verifiers
+from postrl.tools.base import TOOLS  # the built-in tools are registered by the catalog's import (tasks.env)
 
 
 class Names(Protocol):
@@ -80,6 +81,18 @@ def domain_params(param: str) -> Callable[[Config], list[tuple[str, str, str]]]:
     return values
 
 
+def domain_golds(cfg: Config) -> list[tuple[str, str, str]]:
+    """Every domain's monitoring-only `gold` scorer, a verifier spec."""
+    return [(f"domains.{n}.gold", d.gold, n) for n, d in cfg.domains.items() if d.gold]
+
+
+def domain_tools(cfg: Config) -> list[tuple[str, str, str]]:
+    """Every tool a domain (trained or eval-only) names in `tools:`."""
+    domains = [(f"domains.{n}", d) for n, d in cfg.domains.items()]
+    domains += [(f"eval.domains.{n}", d) for n, d in cfg.eval.domains.items()]
+    return [(f"{key}.tools", tool, key.rsplit(".", 1)[1]) for key, d in domains for tool in d.tools]
+
+
 def monitor_actions(cfg: Config) -> list[tuple[str, str, str]]:
     return [(f"monitor.{n}.action", getattr(cfg.monitor, n).action, n) for n in MONITORS.names()]
 
@@ -121,7 +134,9 @@ NAMED_KEYS: list[NamedKey] = [
     NamedKey("domains.NAME.reward.TERM", terms_of, reward_terms),  # after the types: it reads them
     NamedKey("domains.NAME.params.verifier", lambda cfg, _: VerifierNames(cfg.base_dir), domain_params("verifier")),
     NamedKey("domains.NAME.params.extract", lambda cfg, _: ExtractorNames(), domain_params("extract")),
+    NamedKey("domains.NAME.gold", lambda cfg, _: VerifierNames(cfg.base_dir), domain_golds),
     NamedKey("eval.domains.NAME.type", lambda cfg, _: DOMAINS, eval_domain_types),
+    NamedKey("domains.NAME.tools", lambda cfg, _: TOOLS, domain_tools),
     NamedKey("monitor.NAME.action", lambda cfg, _: ALERT_ACTIONS, monitor_actions),
     NamedKey("monitor.sinks", lambda cfg, _: SINKS),
     NamedKey("pipeline.source", lambda cfg, _: RolloutSources()),

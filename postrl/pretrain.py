@@ -34,9 +34,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from postrl.policy.chartok import build_char_tokenizer
-from postrl.tasks import code, sort
+from postrl.tasks import code, mul, sort
 from postrl.tasks.arith import ALPHABET, generate, render, solve
 from postrl.tasks.base import is_heldout
+from postrl.tools.base import CALL_CLOSE, CALL_OPEN, RESULT_CLOSE, RESULT_OPEN
 from postrl.ui import Progress
 
 
@@ -99,7 +100,36 @@ class MultiPretrainSpec(PretrainSpec):
         return self.positions
 
 
-BUILTIN_MODELS: dict[str, type[PretrainSpec]] = {"tiny-arith": PretrainSpec, "tiny-multi": MultiPretrainSpec}
+@dataclass
+class CalcPretrainSpec(PretrainSpec):
+    """The `tiny-calc` base model: 3-digit x 2-digit products (`postrl.tasks.mul`), answered either
+    by calling the calculator and copying its result (share p_call), or by an estimate in its head
+    (the product to two significant digits: right only when the product has no more). A model that
+    can use the tool but mostly does not: RL has a tool-use habit to reinforce (benchmarks/tool_use_gain.py)."""
+
+    corpus: str = "calc-v1"
+    p_call: float = 0.3
+    """Share of corpus answers that call the calculator."""
+    steps: int = 2500
+    batch_size: int = 32
+    lr: float = 2e-3
+    hidden_size: int = 96
+    layers: int = 3
+    positions: int = 160
+    """Context length: a tool-call transcript runs to ~125 characters."""
+
+    def corpus_mix(self) -> dict[str, float]:
+        return {"calc": 1.0}
+
+    def alphabet(self) -> str:
+        return "".join(sorted(set(mul.ALPHABET + calc_example(random.Random(0), CalcPretrainSpec(p_call=1.0))[1])))
+
+    def context_length(self) -> int:
+        return self.positions
+
+
+BUILTIN_MODELS: dict[str, type[PretrainSpec]] = {"tiny-arith": PretrainSpec, "tiny-multi": MultiPretrainSpec,
+                                                 "tiny-calc": CalcPretrainSpec}
 """Built-in model name -> the spec it is pretrained from on first use."""
 
 
@@ -171,8 +201,19 @@ def sort_example(rng: random.Random, spec: MultiPretrainSpec) -> tuple[str, str]
     return sort.render(digits), right[:i] + right[i + 1] + right[i] + right[i + 2 :]
 
 
+def calc_example(rng: random.Random, spec: CalcPretrainSpec) -> tuple[str, str]:
+    while True:
+        a, b = mul.generate(rng)
+        if not is_heldout(mul.render(a, b), 10):
+            break
+    if rng.random() < spec.p_call:
+        call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a}*{b}"}}, separators=(",", ":"))
+        return mul.render(a, b), f"{CALL_OPEN}{call}{CALL_CLOSE}{RESULT_OPEN}{a * b}{RESULT_CLOSE}{a * b}"
+    return mul.render(a, b), str(int(float(f"{a * b:.2g}")))  # an estimate: two significant digits
+
+
 CORPORA: dict[str, Callable[[random.Random, PretrainSpec], tuple[str, str]]] = {
-    "arith": arith_example, "code": code_example, "sort": sort_example,
+    "arith": arith_example, "code": code_example, "sort": sort_example, "calc": calc_example,
 }
 """Domain -> one (prompt, answer) corpus example with the spec's mix of right and wrong answers."""
 

@@ -66,6 +66,49 @@ class Score:
 
 
 @dataclass
+class Turn:
+    """One turn of an episode, as stored in the rollout store and shown in spot checks."""
+
+    role: str
+    """assistant (sampled by the model) | tool (a tool's result) | user (feedback from the environment)."""
+    text: str
+    tokens: int
+    """Token count of this turn in the sample's tokens (0 when it ended the episode unsent)."""
+    tool: str = ""
+    """The tool called (assistant turn with a call) or answering (tool turn); empty otherwise."""
+    status: str = ""
+    """Tool turns: ok | error | timeout | malformed | unknown_tool | output_limit; empty otherwise."""
+    seconds: float = 0.0
+    """Wall time of the turn: sampling it (assistant) or running the tool / environment step."""
+
+
+@dataclass
+class Episode:
+    """A multi-turn rollout: its turns, why it ended, and the environment's verdict if it gave one."""
+
+    turns: list[Turn] = field(default_factory=list)
+    end_reason: str = ""
+    """done (the environment ended it) | max_turns | context (the token budget ran out) | length
+    (the last turn hit max_new_tokens)."""
+    reward: float | None = None
+    """The environment's reward at the end (None: the domain grades the final answer)."""
+    components: dict[str, float] = field(default_factory=dict)
+    """Named parts of `reward` the environment reports (e.g. the per-turn cost)."""
+    correct: bool | None = None
+    """The environment's verdict, when it gives one with its reward."""
+    final_text: str = ""
+    """The last assistant turn's text: what the domain grades when the environment gives no reward."""
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(1 for t in self.turns if t.role == "tool")
+
+    @property
+    def tool_errors(self) -> int:
+        return sum(1 for t in self.turns if t.role == "tool" and t.status != "ok")
+
+
+@dataclass
 class Sample:
     """One completion. Who fills what: the policy's sampler makes it (every field down to
     `policy_version`, and `timings["sample_s"]`); the engine that ran it attaches `score` and
@@ -97,6 +140,13 @@ class Sample:
     (stored as the reward component `kl_penalty`, negative); None otherwise."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent on this sample's stages, e.g. {'sample_s': .., 'reward_s': ..} (per-batch share)."""
+    loss_mask: list[int] | None = None
+    """Multi-turn episodes: 1 where `completion_ids[j]` was sampled by the model, 0 where it is an
+    observation's token (a tool result, feedback), excluded from the loss and the KL; None = every
+    completion token was sampled (single turn). Filled by the episode runner with the tokens."""
+    episode: Episode | None = None
+    """The turns of a multi-turn episode (None: a single-turn sample). Filled by the episode runner
+    (`postrl.engines.episodes`), which makes the sample."""
 
     @property
     def response(self) -> Response:

@@ -51,6 +51,7 @@ from postrl.policy.lora import apply_lora, load_policy_weights, make_reference, 
 from postrl.policy.policy import Policy
 from postrl.policy.update import Learner, UpdateStats
 from postrl.records import Sample
+from postrl.rewards.reward_check import check_gates
 from postrl.seeding import seed_everything, set_threads
 from postrl.store.rollouts import RolloutStore
 from postrl.tasks.base import Domain
@@ -175,8 +176,9 @@ class Run:
         self.engine.close()
         save_model(self.policy, self.dir / "final")
         for d in [*self.domains.values(), *self.eval_domains.values()]:
-            if hasattr(d, "close"):
-                d.close()
+            for part in (d, getattr(d, "gold", None)):  # a domain's monitoring-only gold scorer too
+                if hasattr(part, "close"):
+                    part.close()
         report = write_report(self.dir)  # before the sinks close: trackers upload it
         self.sinks.close()
         for line in [f"report: {report}", *self.sinks.where()]:
@@ -193,6 +195,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     seed_everything(cfg.seed)
     set_threads(cfg.run.threads)
     domains = build_domains(cfg)
+    check_gates(cfg.domains, domains, cfg.base_dir)  # domains.NAME.reward_check: below min_kappa, no run
     set_steps_from_epochs(cfg, domains, log)
     eval_domains = build_domains(dataclasses.replace(cfg, domains=cfg.eval.domains)) if cfg.eval.domains else {}
     model, tok = load_model(cfg.model.name, cfg.model.dtype, log=log)

@@ -164,3 +164,23 @@ def test_imports_are_loaded_by_the_ray_reward_actor(tiny_model_dir, tmp_path):
     rows = read_rows(train(cfg, log=lambda *a: None))
     pids = {r.reward_components["pid_term"] for r in rows}
     assert len(rows) == 32 and len(pids) == 1 and pids != {float(os.getpid())}
+
+
+def test_multi_turn_episodes_play_on_the_rollout_actors_as_they_do_locally(tiny_model_dir, tmp_path):
+    """A multi-turn domain (tests/agent_envs.py, loaded by the actors from `imports:`) under Ray:
+    the same episodes, token for token, turn for turn, as the local engine at the same staleness."""
+    from pathlib import Path
+
+    from postrl.extensions import load_recipe
+
+    recipe = tmp_path / "agents.yaml"
+    recipe.write_text(f"imports: [{Path(__file__).parent / 'agent_envs.py'}]\n"
+                      "domains:\n  two: {type: two_turn_arith, params: {levels: [2]}, tools: [calculator]}\n")
+    runs = {}
+    for engine in ("local", "ray"):
+        cfg = load_recipe(str(recipe), [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / engine}", *ARGS,
+                                        f"engine={engine}", "train.total_steps=2", "train.max_new_tokens=6"])
+        runs[engine] = [(r.token_ids, r.loss_mask, [(t["role"], t["text"]) for t in r.turns], r.reward)
+                        for r in read_rows(train(cfg, log=lambda *a: None))]
+    assert runs["ray"] == runs["local"]
+    assert any(0 in mask for _, mask, _, _ in runs["ray"])  # observations were played and masked

@@ -64,6 +64,7 @@ need not be stored.
 from __future__ import annotations
 
 import copy
+import functools
 import queue
 import threading
 import time
@@ -75,11 +76,13 @@ from typing import Any, Protocol
 import torch
 
 from postrl.config import Config, generation_limits
+from postrl.policy.episodes import EpisodeLimits, sample_episodes
 from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.records import Sample, Score, Task
 from postrl.rewards.scoring import score_samples
 from postrl.seeding import step_generator
+from postrl.tasks.env import is_environment
 
 
 @dataclass
@@ -237,14 +240,19 @@ class Pending:
         )
 
 
-def generate(policy: Policy, order: Order, cfg: Config, on_ready=None) -> list[Sample]:
+def generate(policy: Policy, order: Order, cfg: Config, on_ready=None, envs: dict | None = None) -> list[Sample]:
     """Sample an order with `policy`, from the generator (seed, step, stream): a lost order sampled
-    again, or a resumed run, makes the same draws. When some domain sets its own max_new_tokens or
-    stop strings the order is sampled in parts (`generate_by_limits`); otherwise in one call, so
-    recipes without them draw exactly what they always drew."""
+    again, or a resumed run, makes the same draws. An order with an environment's tasks among
+    `envs` (the run's domains) is played as episodes (`postrl.policy.episodes`). When some domain
+    sets its own max_new_tokens or stop strings the order is sampled in parts
+    (`generate_by_limits`); otherwise in one call, so recipes without them draw exactly what they
+    always drew."""
     t = cfg.train
     gen = GenParams(t.max_new_tokens, t.temperature, t.top_p)
     generator = step_generator(cfg.seed, order.step, order.stream)
+    if envs and any(is_environment(envs.get(task.domain)) for task in order.tasks):
+        return sample_episodes(policy, order.tasks, t.samples_per_prompt, envs, functools.partial(episode_limits, cfg),
+                               gen, generator, order.temperatures, on_ready=on_ready)
     if any(d.max_new_tokens or d.stop for d in cfg.domains.values()):
         return generate_by_limits(policy, order, cfg, gen, generator, on_ready)
     return policy.sample(order.tasks, t.samples_per_prompt, gen, generator, order.temperatures, on_ready=on_ready)
@@ -275,13 +283,21 @@ def generate_by_limits(policy: Policy, order: Order, cfg: Config, gen: GenParams
     return samples
 
 
-def run_order(policy: Policy, order: Order, cfg: Config, scorer: Scorer) -> Pending:
+def episode_limits(cfg: Config, task: Task) -> EpisodeLimits:
+    """A task's turn length, stop strings and episode token budget, from its domain's recipe entry."""
+    dcfg = cfg.domains.get(task.domain) or cfg.eval.domains.get(task.domain)
+    return EpisodeLimits(*generation_limits(cfg, task.domain), max_tokens=dcfg.max_episode_tokens if dcfg else 0)
+
+
+def run_order(policy: Policy, order: Order, cfg: Config, scorer: Scorer, envs: dict | None = None) -> Pending:
     """Generate an order, handing each set of whole groups to `scorer` the moment its last sample
     finishes. Every engine runs its orders through this call, so in all of them grading overlaps
-    the rest of generation; the samples and their draws are those of a plain `generate`."""
+    the rest of generation; the samples and their draws are those of a plain `generate`. `envs`:
+    the domains that open episodes (multi-turn domains play there)."""
     jobs: list[tuple[list[Sample], Any]] = []
     start = time.time()
-    samples = generate(policy, order, cfg, on_ready=lambda ready: jobs.append((ready, scorer.submit(ready))))
+    samples = generate(policy, order, cfg, on_ready=lambda ready: jobs.append((ready, scorer.submit(ready))),
+                       envs=envs)
     return Pending(order.step, samples, start, time.time(), jobs, scorer)
 
 
@@ -392,7 +408,7 @@ class InlineEngine(Pipeline):
         return order
 
     def _wait(self, order: Order) -> Rollout:
-        return run_order(self.policy, order, self.cfg, self.scorer).result()
+        return run_order(self.policy, order, self.cfg, self.scorer, self.domains).result()
 
     def close(self) -> None:
         self.scorer.close()
@@ -450,7 +466,8 @@ class ThreadedEngine(Pipeline):
                     self._loaded = order.weights
                 self.rollout_policy.version = order.version
                 # delivered generated; its last groups may still be scoring while the next order samples
-                self._deliver(epoch, order.key, run_order(self.rollout_policy, order, self.cfg, self.scorer))
+                self._deliver(epoch, order.key, run_order(self.rollout_policy, order, self.cfg, self.scorer,
+                                                          self.domains))
             except BaseException as e:  # handed to the trainer, which raises it at take()
                 self._deliver(epoch, order.key, e)
 

@@ -46,6 +46,7 @@ from postrl.engines.ray_sandbox import RaySandbox, start_sandbox_actor
 from postrl.extensions import load as load_extensions
 from postrl.policy.policy import Policy
 from postrl.records import Sample
+from postrl.tasks.env import has_environments
 
 
 class RayScorer:
@@ -65,10 +66,18 @@ class RayScorer:
 class RolloutWorker:
     """Holds a copy of the policy; samples orders with the weights each one names."""
 
-    def __init__(self, model, tok, cfg: Config):
+    def __init__(self, model, tok, cfg: Config, sandboxes: dict[str, RaySandbox] | None = None):
         load_extensions(cfg.imports)  # the run's own modules exist on every actor (`imports:`)
         torch.set_num_threads(1)  # one actor per CPU Ray schedules it on
         self.policy, self.cfg, self.loaded = Policy(model.eval(), tok), cfg, None
+        self.envs = None
+        """The run's domains when some are environments: episodes step them here (tools, feedback)."""
+        if has_environments(cfg):
+            from postrl.tasks.catalog import build_domains
+
+            self.envs = build_domains(cfg)
+            for name, backend in (sandboxes or {}).items():
+                self.envs[name].use_sandbox(backend)
 
     def ping(self) -> bool:
         return True
@@ -79,7 +88,7 @@ class RolloutWorker:
             self.policy.model.load_state_dict(ray.get(ref))
             self.loaded = ref
         self.policy.version = order.version
-        return run_order(self.policy, order, self.cfg, RayScorer(reward_worker)).result()
+        return run_order(self.policy, order, self.cfg, RayScorer(reward_worker), self.envs).result()
 
 
 class RewardWorker:
@@ -145,7 +154,7 @@ class RayEngine(Pipeline):
         return actors, backends
 
     def _new_worker(self):
-        return self._actor[0].remote(self._model_ref, self.policy.tok, self.cfg)
+        return self._actor[0].remote(self._model_ref, self.policy.tok, self.cfg, self.sandboxes)
 
     def _publish(self):
         version = self.policy.version

@@ -97,10 +97,14 @@ class SpotCheck:
     prompt: str
     answer: str
     completion: str
+    turns: list[dict] | None = None
+    """A multi-turn episode's whole transcript ({role, text, tokens, tool, status, seconds}); None: single turn."""
+    end_reason: str = ""
 
 
 def _spot(kind: str, s) -> SpotCheck:
     score = s.score
+    episode = getattr(s, "episode", None)
     return SpotCheck(
         kind=kind,
         domain=s.task.domain,
@@ -115,6 +119,8 @@ def _spot(kind: str, s) -> SpotCheck:
         prompt=s.task.prompt,
         answer=s.task.answer,
         completion=s.text,
+        turns=None if episode is None else [asdict(t) for t in episode.turns],
+        end_reason="" if episode is None else episode.end_reason,
     )
 
 
@@ -149,11 +155,25 @@ def _markdown(step: int, picks: list[SpotCheck]) -> str:
         ]
         if p.detail:
             lines.append(f"- verifier note: {p.detail}")
-        for label, text in (("prompt", p.prompt), ("completion", p.completion)):
+        shown = [("prompt", p.prompt)]
+        if p.turns is None:
+            shown.append(("completion", p.completion))
+        else:  # the whole transcript, turn by turn
+            lines.append(f"- episode: {sum(t['role'] == 'assistant' for t in p.turns)} assistant turns, "
+                         f"ended: {p.end_reason}")
+            shown += [(_turn_label(t), t["text"]) for t in p.turns]
+        for label, text in shown:
             fence = _fence(text)
             lines += ["", f"{label}:", "", fence, text, fence]
         lines.append("")
     return "\n".join(lines)
+
+
+def _turn_label(turn: dict) -> str:
+    about = [f"{turn['tokens']} tokens", f"{turn['seconds']:.2f}s"]
+    if turn["tool"]:
+        about.insert(0, f"tool {turn['tool']}" + (f", {turn['status']}" if turn["status"] else ""))
+    return f"{turn['role']} ({'; '.join(about)})"
 
 
 def dump_samples(run_dir: str | Path, step: int, samples: Sequence, k: int = 3, seed: int = 0) -> Path:
@@ -164,5 +184,13 @@ def dump_samples(run_dir: str | Path, step: int, samples: Sequence, k: int = 3, 
     md = out / f"step_{step}.md"
     md.write_text(_markdown(step, picks), encoding="utf-8")
     with open(out / f"step_{step}.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in picks)
+        f.writelines(json.dumps(_record(p), ensure_ascii=False) + "\n" for p in picks)
     return md
+
+
+def _record(p: SpotCheck) -> dict:
+    """A spot check as a JSON line; single-turn samples keep the fields they always had."""
+    out = asdict(p)
+    if p.turns is None:
+        del out["turns"], out["end_reason"]
+    return out

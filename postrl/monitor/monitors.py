@@ -21,6 +21,9 @@ absent in a step (e.g. no `entropy` metric) skips that step without changing its
 | repetition            | samples' completion token ids            | many completions repeat their own n-grams    |
 | test_tampering        | samples' completion text                 | code defines/patches test names or exits early |
 | non_finite            | loss, grad_norm                          | a value is NaN or infinite                   |
+| proxy_gold            | samples' reward and `gold` component     | smoothed gold fell from its best while the proxy rose |
+| tool_loop             | samples' episodes (tool turns)           | many episodes repeat one tool call           |
+| tool_errors           | samples' episodes (tool statuses)        | the tool-error rate is high or rising        |
 
 Their settings (`MonitorConfig`, one dataclass per monitor) are in `postrl.monitor.settings`.
 """
@@ -44,8 +47,11 @@ from postrl.monitor.settings import (  # noqa: F401  (re-exported for callers of
     LengthDriftConfig,
     MonitorConfig,
     NonFiniteConfig,
+    ProxyGoldConfig,
     RepetitionConfig,
     TamperingConfig,
+    ToolErrorsConfig,
+    ToolLoopConfig,
     VerifierDisagreementConfig,
 )
 from postrl.registry import Registry
@@ -425,6 +431,129 @@ class Tampering:
         return {"trigger": self.trigger.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trigger.load_state_dict(state["trigger"])
+
+
+# ---------------------------------------------------------------------------- monitors on episodes
+
+
+def repeated_call(episode, min_repeats: int) -> str | None:
+    """The tool call an episode made at least `min_repeats` times (the same text), if any."""
+    calls = [t.text for t in episode.turns if t.role == "assistant" and t.tool]
+    return next((c for c in dict.fromkeys(calls) if calls.count(c) >= min_repeats), None)
+
+
+@register_monitor("tool_loop")
+class ToolLoop:
+    def __init__(self, cfg: ToolLoopConfig, ctx: MonitorContext):
+        self.cfg = cfg
+        self.trigger = Trigger(cfg.patience_steps)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        episodes = [s for s in samples if getattr(s, "episode", None) is not None]
+        if not episodes:
+            return []
+        loops = [(s, c) for s in episodes if (c := repeated_call(s.episode, self.cfg.min_repeats)) is not None]
+        share = len(loops) / len(episodes)
+        self.values = {"monitor/tool_loop_share": share}
+        if not self.trigger.observe(share > self.cfg.max_share):
+            return []
+        s, call = loops[0]
+        msg = (f"{share:.0%} of episodes repeat one tool call {self.cfg.min_repeats}+ times (max "
+               f"{self.cfg.max_share:.0%}); e.g. {s.task.domain}/{s.task.task_id}: {call[:80]!r}")
+        return [Alert(step, self.name, msg, self.cfg.action, {"share": share})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trigger.load_state_dict(state["trigger"])
+
+
+@register_monitor("tool_errors")
+class ToolErrors:
+    def __init__(self, cfg: ToolErrorsConfig, ctx: MonitorContext):
+        self.cfg = cfg
+        self.history: deque[tuple[int, float]] = deque(maxlen=max(2, cfg.window_steps))
+        self.trigger = Trigger(1)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        episodes = [s.episode for s in samples if getattr(s, "episode", None) is not None]
+        calls = sum(e.tool_calls for e in episodes)
+        if not calls:  # no tool calls this step: nothing to judge, state unchanged
+            return []
+        rate = sum(e.tool_errors for e in episodes) / calls
+        self.history.append((step, rate))
+        full = len(self.history) == self.history.maxlen
+        rise = _slope(list(self.history)) * (len(self.history) - 1) if full else 0.0
+        self.values = {"monitor/tool_error_rate": rate, "monitor/tool_error_rise": rise}
+        if not self.trigger.observe(rate > self.cfg.max_rate or rise > self.cfg.min_rise):
+            return []
+        msg = (f"tool-error rate {rate:.0%} of {calls} calls (max {self.cfg.max_rate:.0%}), risen {rise:+.2f} "
+               f"over {len(self.history)} steps (max {self.cfg.min_rise:+.2f})")
+        return [Alert(step, self.name, msg, self.cfg.action, {"rate": rate, "rise": rise})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [list(h) for h in self.history], "trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.clear()
+        self.history.extend((int(h[0]), float(h[1])) for h in state["history"])
+        self.trigger.load_state_dict(state["trigger"])
+
+
+@register_monitor("proxy_gold")
+class ProxyGold:
+    """Reward-model over-optimisation: the proxy (the reward trained on) keeps rising while the gold
+    (`domains.NAME.gold`, logged only) falls. Both are step means over the samples that carry a
+    gold score, smoothed over `smooth_steps`. It fires when smoothed gold is below its best by more
+    than `min_gold_drop` and by more than `noise_z` standard errors (each step mean's error from the
+    spread of its samples' gold), while smoothed proxy stands above its value at gold's best. The
+    alert's data names the step where smoothed gold peaked (`best_step`): the state to go back to."""
+
+    def __init__(self, cfg: ProxyGoldConfig, ctx: MonitorContext):
+        self.cfg = cfg
+        self.history: deque[tuple[float, float, float]] = deque(maxlen=max(1, cfg.smooth_steps))
+        """(proxy mean, gold mean, variance of the gold mean) of the last steps."""
+        self.best: tuple[float, float, float, int] | None = None
+        """(smoothed gold, its variance, smoothed proxy, step) where smoothed gold was highest."""
+        self.trigger = Trigger(cfg.patience_steps)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        scored = [s.score for s in samples if s.score is not None and "gold" in s.score.components]
+        if not scored:
+            return []
+        n, golds = len(scored), [s.components["gold"] for s in scored]
+        mean = sum(golds) / n
+        var_of_mean = sum((g - mean) ** 2 for g in golds) / max(n - 1, 1) / n
+        self.history.append((sum(s.reward for s in scored) / n, mean, var_of_mean))
+        if len(self.history) < self.history.maxlen:
+            return []
+        k = len(self.history)
+        proxy, gold = (sum(h[i] for h in self.history) / k for i in (0, 1))
+        var = sum(h[2] for h in self.history) / k**2
+        if self.best is None or gold > self.best[0]:
+            self.best = (gold, var, proxy, step)
+        drop, rise = self.best[0] - gold, proxy - self.best[2]
+        needed = max(self.cfg.min_gold_drop, self.cfg.noise_z * math.sqrt(var + self.best[1]))
+        self.values = {"monitor/proxy": proxy, "monitor/gold": gold, "monitor/gold_drop": drop}
+        if not self.trigger.observe(drop > needed and rise > self.cfg.min_proxy_rise):
+            return []
+        msg = (f"gold fell {drop:.3f} below its best (step {self.best[3]}, needs > {needed:.3f}) while the proxy "
+               f"rose {rise:+.3f} ({k}-step means): the reward is being over-optimised")
+        return [Alert(step, self.name, msg, self.cfg.action,
+                      {"gold_drop": drop, "proxy_rise": rise, "best_step": float(self.best[3])})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [list(h) for h in self.history], "best": self.best, "trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.clear()
+        self.history.extend(tuple(h) for h in state["history"])
+        self.best = tuple(state["best"]) if state["best"] is not None else None
         self.trigger.load_state_dict(state["trigger"])
 
 

@@ -134,6 +134,54 @@ class NonFiniteConfig:
     """Metric names that must stay finite."""
 
 
+@dataclass
+class ToolLoopConfig:
+    enabled: bool = True
+    """Watch multi-turn episodes for the same tool call made again and again."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    min_repeats: int = 3
+    """An episode loops when one tool call (the same text) is made this many times."""
+    max_share: float = 0.25
+    """Fire when more than this share of a step's episodes loop."""
+    patience_steps: int = 2
+    """Consecutive steps above the share before firing."""
+
+
+@dataclass
+class ToolErrorsConfig:
+    enabled: bool = True
+    """Watch the share of tool calls that fail (error, timeout, malformed, unknown tool, output flood)."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    max_rate: float = 0.5
+    """Fire when a step's tool-error rate is above this..."""
+    min_rise: float = 0.2
+    """...or when it rose by this much (least-squares over the window) ..."""
+    window_steps: int = 5
+    """...over this many steps with tool calls."""
+
+
+@dataclass
+class ProxyGoldConfig:
+    enabled: bool = True
+    """Watch a domain's trained reward (the proxy) against its monitoring-only gold scorer
+    (`domains.NAME.gold`): reward-model over-optimisation. Skips steps with no gold scores."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    smooth_steps: int = 3
+    """Both series are compared as moving averages over this many steps."""
+    min_gold_drop: float = 0.05
+    """Fire when smoothed gold falls this far below its best so far (and more than noise_z standard
+    errors of the two smoothed values, from the spread of gold over each step's samples) ..."""
+    noise_z: float = 4.0
+    """How many standard errors a drop must exceed to count as more than sampling noise."""
+    min_proxy_rise: float = 0.0
+    """... while smoothed proxy stands at least this far above its value at gold's best."""
+    patience_steps: int = 1
+    """Consecutive steps the condition must hold before firing."""
+
+
 PLUGIN_SETTINGS: dict[str, type] = {}
 """Settings dataclasses of the monitors that extensions register (`register_monitor(NAME,
 settings=...)` in `postrl.monitor.monitors`), by monitor name. A recipe sets them at
@@ -192,6 +240,9 @@ class MonitorConfig:
     repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
     test_tampering: TamperingConfig = field(default_factory=TamperingConfig)
     non_finite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+    proxy_gold: ProxyGoldConfig = field(default_factory=ProxyGoldConfig)
+    tool_loop: ToolLoopConfig = field(default_factory=ToolLoopConfig)
+    tool_errors: ToolErrorsConfig = field(default_factory=ToolErrorsConfig)
     plugins: dict[str, dict] = field(default_factory=dict)
     """Settings of extension monitors, {name: values}: written `monitor.NAME` in a recipe (see
     PLUGIN_SETTINGS); read as `cfg.monitor.NAME` like a built-in monitor's."""

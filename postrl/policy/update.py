@@ -227,7 +227,8 @@ class Learner:
 
 def _padded_rows(samples: list[Sample], pad: int):
     """Right-padded prompt+completion rows on the CPU: ids, attention [B, T]; loss mask and
-    behaviour log-probs [B, T-1], where position t predicts token t+1."""
+    behaviour log-probs [B, T-1], where position t predicts token t+1 (the mask is 0 on the
+    observation tokens of multi-turn samples, `Sample.loss_mask`)."""
     rows = [s.prompt_ids + s.completion_ids for s in samples]
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), pad, dtype=torch.long, device="cpu")
@@ -238,7 +239,9 @@ def _padded_rows(samples: list[Sample], pad: int):
         ids[i, : len(row)] = torch.tensor(row, device="cpu")
         attn[i, : len(row)] = 1
         start, n = len(s.prompt_ids) - 1, len(s.completion_ids)
-        loss_mask[i, start : start + n] = 1.0
+        # a multi-turn episode's observation tokens (tool results, feedback) are context, not
+        # actions: masked out of the loss and the KL like the prompt
+        loss_mask[i, start : start + n] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, device="cpu")
         old[i, start : start + n] = torch.tensor(s.logprobs, device="cpu")
     return ids, attn, loss_mask, old
 

@@ -3,6 +3,9 @@ recipe's weighted reward terms for that domain are applied (`postrl.rewards.comp
 
     scores, reward_s = score_samples(samples, domains, reward_terms)
 
+A domain with a `gold` scorer (`domains.NAME.gold`, for monitoring only) has it graded too, after
+the reward is made: its value is the component `gold`, which no reward term can weight.
+
 Pure with respect to the samples: it reads their tasks and responses and returns one `Score` and
 one share of the grading seconds per sample, in order; it sets nothing on them. The engine that
 ran the samples is the one that attaches the scores (`postrl.engines.pipeline.Pending.result`),
@@ -12,10 +15,14 @@ whether the grading ran in a thread here or on a Ray actor that graded copies.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from postrl.records import Sample, Score
 from postrl.rewards.composite import apply_terms
+
+GOLD = "gold"
+"""The component a domain's monitoring-only gold scorer fills (`domains.NAME.gold`)."""
 
 
 def score_samples(
@@ -32,10 +39,23 @@ def score_samples(
         t0 = time.perf_counter()
         tasks, responses = [samples[i].task for i in idx], [samples[i].response for i in idx]
         domain = domains[name]
-        graded = domain.score(tasks, responses)
+        if hasattr(domain, "score_episodes"):  # an environment: its own verdict where an episode gave one
+            graded = domain.score_episodes(tasks, responses, [samples[i].episode for i in idx])
+        else:
+            graded = domain.score(tasks, responses)
         components = getattr(domain, "reward_components", None)  # names a verifier may return
         graded = apply_terms(reward_terms.get(name, {}), tasks, responses, graded, components=components)
+        if getattr(domain, "gold", None) is not None:  # monitoring only: added after the reward is set
+            graded = with_gold(domain.gold, tasks, responses, graded)
         share = (time.perf_counter() - t0) / len(idx)
         for i, score in zip(idx, graded):
             scores[i], seconds[i] = score, share
     return scores, seconds
+
+
+def with_gold(gold, tasks: list, responses: list, scores: list[Score]) -> list[Score]:
+    """`scores` with the gold scorer's reward as the component `gold` (left out where it could not
+    verify); reward, verdict and status are the trained reward's, untouched."""
+    verdicts = gold.score(tasks, responses)
+    return [replace(s, components={**s.components, GOLD: g.reward}) if g.status == "ok" else s
+            for s, g in zip(scores, verdicts, strict=True)]

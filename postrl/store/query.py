@@ -74,6 +74,29 @@ VIEWS: dict[str, View] = {
                         unnest(map_values(reward_components)) AS value FROM rollouts)
            GROUP BY step, component ORDER BY step, component""",
     ),
+    # multi-turn episodes (rows with `turns`): single-turn rows are left out
+    "tools_by_step": View(
+        "episodes per step and domain: tool-call rate, calls and tool-error rate, assistant turns",
+        """SELECT step, domain, count(*) AS episodes,
+                  avg(CAST(tool_calls > 0 AS DOUBLE)) AS tool_call_rate,
+                  avg(tool_calls) AS calls_per_episode,
+                  sum(tool_errors) / nullif(sum(tool_calls), 0) AS tool_error_rate,
+                  avg(len(list_filter(turns, lambda t: t.role = 'assistant'))) AS turns_per_episode
+           FROM rollouts WHERE turns IS NOT NULL GROUP BY step, domain ORDER BY step, domain""",
+    ),
+    "episode_ends": View(
+        "where episodes end (done, max_turns, context, length) per domain, with their pass rate",
+        f"""SELECT domain, end_reason, count(*) AS episodes,
+                   count(*) / sum(count(*)) OVER (PARTITION BY domain) AS share,
+                   {_PASS} AS pass_rate
+            FROM rollouts WHERE turns IS NOT NULL GROUP BY domain, end_reason ORDER BY domain, episodes DESC""",
+    ),
+    "tool_calls": View(
+        "every tool's calls by status (ok, error, timeout, output_limit, malformed, unknown_tool)",
+        """SELECT t.tool AS tool, t.status AS status, count(*) AS calls, avg(t.seconds) AS mean_seconds
+           FROM (SELECT unnest(turns) AS t FROM rollouts WHERE turns IS NOT NULL)
+           WHERE t.role = 'tool' GROUP BY t.tool, t.status ORDER BY calls DESC""",
+    ),
 }
 
 
@@ -91,7 +114,10 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
     glob = str(run_dir / SHARD_DIR / SHARD_GLOB).replace("'", "''")
     con = duckdb.connect(":memory:")
     con.execute(f"CREATE VIEW rollouts AS SELECT * FROM read_parquet('{glob}', union_by_name=true)")
+    columns = {row[0] for row in con.execute("DESCRIBE rollouts").fetchall()}
     for name, view in VIEWS.items():
+        if "turns" not in columns and "turns" in view.sql:  # shards written before episodes were stored
+            continue
         con.execute(f"CREATE VIEW {name} AS {view.sql}")
     return con
 

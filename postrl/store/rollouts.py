@@ -32,6 +32,10 @@ SHARD_GLOB = "step_*.parquet"
 _SHARD_RE = re.compile(r"^step_(\d{8})\.parquet$")
 _TMP_RE = re.compile(r"^\.step_\d{8}\.parquet\.\d+\.tmp$")
 
+_TURN = pa.struct([("role", pa.string()), ("text", pa.string()), ("tokens", pa.int32()), ("tool", pa.string()),
+                   ("status", pa.string()), ("seconds", pa.float64())])
+"""One turn of a multi-turn episode (`postrl.records.Turn`)."""
+
 SCHEMA = pa.schema(
     [
         ("run", pa.string()),
@@ -59,6 +63,11 @@ SCHEMA = pa.schema(
         ("timings", pa.map_(pa.string(), pa.float64())),
         ("task_columns", pa.string()),
         ("extracted", pa.string()),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("turns", pa.list_(_TURN)),
+        ("end_reason", pa.string()),
+        ("tool_calls", pa.int32()),
+        ("tool_errors", pa.int32()),
     ],
     metadata={"postrl.schema_version": SCHEMA_VERSION},
 )
@@ -102,6 +111,16 @@ class RolloutRow:
     None for generated ones): `SELECT json_extract_string(task_columns, '$.question') ...`."""
     extracted: str | None = None
     """The answer the verifier graded, as extracted from the completion (None: no extraction)."""
+    loss_mask: list[int] | None = None
+    """Multi-turn episodes: 1 on the tokens the model sampled, 0 on observation tokens (None: single turn)."""
+    turns: list[dict] | None = None
+    """Multi-turn episodes: every turn as {role, text, tokens, tool, status, seconds}; `completion`
+    is then the final answer. `SELECT t.tool, t.status FROM rollouts, unnest(turns) AS u(t)`."""
+    end_reason: str | None = None
+    """Why the episode ended: done | max_turns | context | length (None: single turn)."""
+    tool_calls: int | None = None
+    tool_errors: int | None = None
+    """Tool calls of the episode, and those whose status was not ok (None: single turn)."""
 
     @classmethod
     def from_sample(cls, run: str, step: int, index: int, sample) -> RolloutRow:
@@ -133,6 +152,7 @@ class RolloutRow:
             timings={k: float(v) for k, v in sample.timings.items()},
             task_columns=_row_json(sample.task),
             extracted=None if score is None else score.extracted,
+            **_episode_columns(sample),
         )
 
     def to_sample(self):
@@ -164,7 +184,26 @@ class RolloutRow:
             score=score,
             advantage=self.advantage,
             timings=dict(self.timings),
+            loss_mask=None if self.loss_mask is None else list(self.loss_mask),
+            episode=self._episode(),
         )
+
+    def _episode(self):
+        from postrl.records import Episode, Turn
+
+        if self.turns is None:
+            return None
+        final = next((t["text"] for t in reversed(self.turns) if t["role"] == "assistant"), "")
+        return Episode([Turn(**t) for t in self.turns], self.end_reason or "", final_text=final)
+
+
+def _episode_columns(sample) -> dict:
+    episode = getattr(sample, "episode", None)
+    if episode is None:
+        return {}
+    return {"loss_mask": list(sample.loss_mask) if sample.loss_mask is not None else None,
+            "turns": [vars(t).copy() for t in episode.turns], "end_reason": episode.end_reason,
+            "tool_calls": episode.tool_calls, "tool_errors": episode.tool_errors}
 
 
 _MAP_COLUMNS = ("reward_components", "timings")

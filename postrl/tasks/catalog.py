@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from postrl.config import Config
-from postrl.tasks import arith, chat_arith, chat_count, code, dataset, rgym, sort  # noqa: F401  (each registers its domains)
+from postrl.rewards.verifiers import VerifierSettings, make_verifier
+from postrl.tasks import arith, chat_arith, chat_count, code, code_retry, dataset, mul, rgym, sort  # noqa: F401  (each registers its domains)
 from postrl.tasks.base import DOMAINS, Domain
+from postrl.tasks.env import as_environment
 
 
 def make_domain(type_name: str, params: dict[str, Any] | None = None, seed: int = 0, name: str | None = None) -> Domain:
@@ -43,9 +45,14 @@ def build_domains(cfg: Config) -> dict[str, Domain]:
 
         for term, model_dir in cfg.reward_models.items():
             register_rm_term(term, model_dir)
-    return {name: make_domain(dcfg.type or name, recipe_params(dcfg.type or name, dcfg.params, cfg.base_dir),
-                              cfg.seed, name)
-            for name, dcfg in cfg.domains.items()}
+    # a domain given tools or a turn limit becomes an environment (postrl.tasks.env)
+    domains = {name: as_environment(make_domain(dcfg.type or name, recipe_params(dcfg.type or name, dcfg.params,
+                                                                                 cfg.base_dir), cfg.seed, name), dcfg, name)
+               for name, dcfg in cfg.domains.items()}
+    for name, dcfg in cfg.domains.items():
+        if dcfg.gold:  # scored beside the reward, logged, never trained on (postrl.rewards.scoring)
+            domains[name].gold = make_verifier(dcfg.gold, VerifierSettings(base_dir=cfg.base_dir), f"domains.{name}.gold")
+    return domains
 
 
 def recipe_params(type_name: str, params: dict[str, Any], base_dir: str) -> dict[str, Any]:

@@ -1,0 +1,172 @@
+"""Environments: multi-turn domains. An environment is a domain that also opens episodes:
+
+    episode = env.reset(task)            # one per rollout; episode.messages opens it
+    observation, reward, done = episode.step(assistant_text)
+        # observation: messages for the next turn ({role, content}; a tool turn also carries
+        #   `tool` and `status`) or None; reward: the environment's verdict at the end, or None
+        #   when the domain grades the final answer (`score`); done: the episode is over
+    env.max_turns                        # most assistant turns in an episode
+    env.stop                             # strings that end an assistant turn (a tool call's closing tag)
+    env.score_episodes(tasks, responses, episodes)   # one Score per finished episode
+
+Any domain becomes one by `tools:` or `max_turns:` in its recipe entry (`ToolEnv` wraps it); a
+domain registered as an environment type (`type: code_retry`) is one already, and may be wrapped
+too for tools. A single-turn domain is the trivial environment: its episode ends at the first
+answer. Turn limits and the token budget are the episode runner's
+(`postrl.policy.episodes`), which knows no environment's internals; this module knows no policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from postrl.config import Config, DomainConfig
+from postrl.records import Episode as EpisodeRecord
+from postrl.records import Response, Score, Task
+from postrl.rewards.sandbox_handle import SandboxHandle
+from postrl.sandbox.pool import SandboxConfig
+from postrl.tasks.base import DOMAINS
+from postrl.tools import builtin  # noqa: F401  (registers calculator and python)
+from postrl.tools.base import (
+    CALL_CLOSE,
+    RESULT_CLOSE,
+    RESULT_OPEN,
+    ToolContext,
+    describe,
+    make_tools,
+    parse_call,
+    run_call,
+)
+
+Messages = list[dict[str, Any]]
+DEFAULT_TOOL_TURNS = 4
+
+
+class Episode(Protocol):
+    messages: Messages
+    """The opening messages (system and user turns)."""
+
+    def step(self, assistant_text: str) -> tuple[Messages | None, float | None, bool]: ...
+
+
+class Environment(Protocol):
+    name: str
+    max_turns: int
+    stop: tuple[str, ...]
+
+    def reset(self, task: Task) -> Episode: ...
+
+    def score_episodes(self, tasks: list[Task], responses: list[Response],
+                       episodes: list[EpisodeRecord | None]) -> list[Score]: ...
+
+
+def is_environment(domain: Any) -> bool:
+    return callable(getattr(domain, "reset", None))
+
+
+def has_environments(cfg: Config) -> bool:
+    """Whether a recipe's domains include an environment (tools, a turn limit, or an environment type),
+    without building them."""
+    return any(d.tools or d.max_turns or callable(getattr(DOMAINS.get(d.type or name), "reset", None))
+               for name, d in cfg.domains.items() if (d.type or name) in DOMAINS)
+
+
+def opening_messages(task: Task) -> Messages:
+    return [dict(m) for m in task.messages] if task.messages else [{"role": "user", "content": task.prompt}]
+
+
+def score_by_episode(domain: Any, tasks: list[Task], responses: list[Response],
+                     episodes: list[EpisodeRecord | None]) -> list[Score]:
+    """The environment's own verdict where an episode ended with one; the domain's grading of the
+    final answer (`domain.score`, in one batched call) for the others."""
+    out: list[Score | None] = [None] * len(tasks)
+    rest = []
+    for i, ep in enumerate(episodes):
+        if ep is not None and ep.reward is not None:
+            out[i] = Score(ep.reward, ep.correct, "ok", dict(ep.components), detail=f"episode: {ep.end_reason}")
+        else:
+            rest.append(i)
+    if rest:
+        for i, score in zip(rest, domain.score([tasks[i] for i in rest], [responses[i] for i in rest])):
+            out[i] = score
+    return out
+
+
+class ToolEpisode:
+    """An episode in which tool calls are answered here; any other turn goes to the inner episode
+    (or, for a single-turn domain, ends the episode: the domain grades it)."""
+
+    def __init__(self, inner: Episode | None, messages: Messages, tools: dict, ctx: ToolContext):
+        self.inner, self.messages, self.tools, self.ctx = inner, messages, tools, ctx
+
+    @property
+    def correct(self) -> bool | None:
+        """The inner episode's verdict, when it gave a reward (e.g. code_retry's)."""
+        return getattr(self.inner, "correct", None)
+
+    @property
+    def components(self) -> dict[str, float]:
+        return dict(getattr(self.inner, "components", {}))
+
+    def step(self, assistant_text: str) -> tuple[Messages | None, float | None, bool]:
+        call = parse_call(assistant_text) if self.tools else None
+        if call is None:
+            return self.inner.step(assistant_text) if self.inner is not None else (None, None, True)
+        result = run_call(call, self.tools, self.ctx)
+        name = getattr(call, "name", "")
+        return [{"role": "tool", "content": f"{RESULT_OPEN}{result.text}{RESULT_CLOSE}", "tool": name,
+                 "status": result.status}], None, False
+
+
+class ToolEnv:
+    """`domain` as an environment: with `tools`, calls in its turns are run and answered; with
+    `max_turns`, its episodes' turn limit. Everything else is the domain's (delegated)."""
+
+    def __init__(self, domain: Any, dcfg: DomainConfig, name: str):
+        self.domain, self.name = domain, name
+        self.tools = make_tools(list(dcfg.tools), key=f"domains.{name}.tools")
+        self.sandbox = SandboxHandle(SandboxConfig(workers=1), "", 1, f"domain {name} (python tool)") \
+            if "python" in self.tools else None
+        self.ctx = ToolContext(dcfg.tool_timeout_s, dcfg.tool_output_chars, self.sandbox)
+        inner_turns = getattr(domain, "max_turns", 1) if is_environment(domain) else 1
+        self.max_turns = dcfg.max_turns or (inner_turns + DEFAULT_TOOL_TURNS - 1 if self.tools else inner_turns)
+        inner_stop = tuple(getattr(domain, "stop", ()))
+        self.stop = inner_stop + ((CALL_CLOSE,) if self.tools else ())
+        self.reward_components = getattr(domain, "reward_components", ())
+
+    def __getattr__(self, attr: str) -> Any:  # levels, sample, heldout, state_dict, sandbox_config, ...
+        if attr == "domain":  # not set yet (unpickling): no recursion
+            raise AttributeError(attr)
+        return getattr(self.domain, attr)
+
+    def reset(self, task: Task) -> ToolEpisode:
+        inner = self.domain.reset(task) if is_environment(self.domain) else None
+        messages = [dict(m) for m in inner.messages] if inner is not None else opening_messages(task)
+        if self.tools:
+            about = describe(self.tools)
+            if messages and messages[0]["role"] == "system":
+                messages[0]["content"] = f"{messages[0]['content']}\n\n{about}"
+            else:
+                messages.insert(0, {"role": "system", "content": about})
+        return ToolEpisode(inner, messages, self.tools, self.ctx)
+
+    def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]:
+        return self.domain.score(tasks, responses)
+
+    def score_episodes(self, tasks: list[Task], responses: list[Response],
+                       episodes: list[EpisodeRecord | None]) -> list[Score]:
+        if is_environment(self.domain):
+            return self.domain.score_episodes(tasks, responses, episodes)
+        return score_by_episode(self.domain, tasks, responses, episodes)
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+        getattr(self.domain, "close", lambda: None)()
+
+
+def as_environment(domain: Any, dcfg: DomainConfig, name: str) -> Any:
+    """The domain as the recipe entry makes it: wrapped when it asks for tools or a turn limit."""
+    if dcfg.tools or dcfg.max_turns:
+        return ToolEnv(domain, dcfg, name)
+    return domain
