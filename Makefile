@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint setup system-deps clean
+.PHONY: demo test lint setup system-deps clean docs
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,3 +49,7 @@ lint: $(STAMP)
 
 clean:
 	rm -rf runs .pytest_cache
+
+# the docs site at http://127.0.0.1:8000 (`make test` builds it with --strict)
+docs: $(STAMP)
+	$(BIN)/mkdocs serve

@@ -11,7 +11,7 @@ stay light, without torch. They are looked up with importlib, not imported: this
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place the version is written: pyproject.toml reads it
 __all__ = ["train", "evaluate"]
 
 

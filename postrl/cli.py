@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+import postrl
 from postrl.errors import UserError
 
 COMMANDS = ["train", "eval", "pretrain", "plan", "rollouts", "report", "verify", "reward_check", "rm", "sandbox",
@@ -25,8 +26,8 @@ a store you can query with SQL."""
 
 EPILOG = """\
 quickstart:
-  postrl plan recipes/default.yaml                  the batch arithmetic of a recipe
-  postrl train recipes/default.yaml                 train (the run directory is printed)
+  postrl plan default                               the batch arithmetic of a recipe (built-in or a file)
+  postrl train default                              train (the run directory is printed)
   postrl eval RUN_DIR/final --domains arith         evaluate the trained model
   postrl rollouts RUN_DIR --sql "SELECT domain, avg(reward) FROM rollouts GROUP BY domain"
 
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="postrl", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"postrl {postrl.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"postrl.commands.{name}").add_parser(sub)

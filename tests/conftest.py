@@ -142,3 +142,20 @@ def tiny_model_dir(tmp_path_factory):
 
     spec = PretrainSpec(steps=30, batch_size=32, hidden_size=32, layers=2, heads=2)
     return pretrain(spec, tmp_path_factory.mktemp("models") / "tiny", log=lambda *a: None)
+
+
+@pytest.fixture(scope="session")
+def builtin_models_cached(tiny_model_dir):
+    """The built-in `tiny-arith`, as the session's model cache holds it, is the very small test model.
+
+    Commands written for users (the docs' examples, the wheel test) name the built-in model, which
+    would otherwise be pretrained on first use (600 steps: minutes on 2 cores). They test the
+    commands, not the model's numbers, so the suite's cache (`POSTRL_CACHE`, under the session's
+    scratch directory: never the user's) gets the small model under the built-in's name."""
+    from postrl.pretrain import BUILTIN_MODELS, cache_root, ensure_tiny_model, spec_key
+
+    target = cache_root() / "models" / f"tiny-arith-{spec_key(BUILTIN_MODELS['tiny-arith']())}"
+    if not (target / "config.json").is_file():
+        shutil.copytree(tiny_model_dir, target, dirs_exist_ok=True)
+    assert ensure_tiny_model(log=lambda *a: None) == target
+    return target

@@ -16,7 +16,7 @@ def test_help_says_what_postrl_does_and_how_to_start(capsys):
     description = build_parser().description
     assert description.rstrip().endswith(".")  # not cut mid-sentence, as a docstring's first line was
     assert description in out  # printed whole: RawDescriptionHelpFormatter keeps its lines
-    for command in ("postrl train recipes/default.yaml", "postrl eval RUN_DIR/final", "postrl rollouts RUN_DIR",
-                    "postrl plan recipes/default.yaml"):
+    for command in ("postrl train default", "postrl eval RUN_DIR/final", "postrl rollouts RUN_DIR",
+                    "postrl plan default"):
         assert command in out
     assert "add_parser" not in out and "commands/<name>.py" not in out  # developer notes stay in the source

@@ -285,11 +285,10 @@ def test_eval_at_start_scores_the_base_model_and_leaves_the_rollouts_as_they_wer
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_readme_shows_the_own_data_recipe_and_the_example_as_they_are():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Train on your own data"):readme.index("## Commands")]
-    assert (REPO / "recipes/own_data.yaml").read_text().rstrip() in section
-    assert (REPO / "examples/train_with_python.py").read_text().rstrip() in section
+def test_the_docs_show_the_own_data_recipe_and_the_example_as_they_are():
+    page = (REPO / "docs/own-data.md").read_text()
+    assert (REPO / "recipes/own_data.yaml").read_text().rstrip() in page
+    assert (REPO / "examples/train_with_python.py").read_text().rstrip() in page
 
 
 def test_the_own_data_recipe_trains_two_steps(tiny_model_dir, tmp_path):

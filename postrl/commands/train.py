@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="RL post-training from a recipe", description=__doc__)
-    p.add_argument("recipe", nargs="?", help="YAML recipe (default: built-in defaults)")
+    p.add_argument("recipe", nargs="?", help="a YAML recipe file, or a built-in recipe by name (default, multidomain, ...); none: the built-in defaults")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.kl_coef=0.02")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest intact checkpoint")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",

@@ -10,6 +10,9 @@ Each factory imports its engine when called: Ray is only imported by runs that u
 
 from __future__ import annotations
 
+import importlib.util
+
+from postrl.errors import UserError
 from postrl.registry import Registry
 
 ENGINES = Registry("engine", key="engine")
@@ -31,6 +34,8 @@ def local(policy, domains, cfg, log):
 @ENGINES.register("ray")
 def ray(policy, domains, cfg, log):
     """Rollout, reward and sandbox actors on a Ray cluster (local unless ray.address is set)."""
+    if importlib.util.find_spec("ray") is None:
+        raise UserError("engine: ray needs Ray, which is not installed: pip install 'postrl[ray]'")
     from postrl.engines.ray_engine import RayEngine
 
     return RayEngine(policy, domains, cfg, log)

@@ -60,6 +60,7 @@ class CodeParams:
     timeout_s: float = 3.0
     """Wall-clock limit of one solution's test run."""
     memory_mb: int = 512
+    """Memory limit of one solution's run (address space), in MiB."""
     workers: int = 0
     """Sandbox workers; 0 means one per CPU core."""
     max_workers: int = 0
@@ -71,10 +72,15 @@ class CodeParams:
     sandbox_url: str = ""
     """Use a SandboxFusion-compatible server (e.g. `postrl sandbox serve`) instead of a local pool."""
     w_compiles: float = 0.2
+    """Reward weight of compiling (the solution parses and defines the entry point)."""
     w_tests: float = 0.8
+    """Reward weight of the tests: all pass (1) or not (0); the passed share is logged as tests_frac."""
     penalty_timeout: float = 0.1
+    """Subtracted when the run hits the wall-clock or CPU limit."""
     penalty_memory: float = 0.1
+    """Subtracted when the run hits the memory limit."""
     penalty_output: float = 0.1
+    """Subtracted when the run floods its output past the cap."""
     truncate: bool = True
     """Cut completions at the end of the function (stop sequences; first line for generated)."""
 
