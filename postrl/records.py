@@ -146,7 +146,7 @@ class Sample:
     completion token was sampled (single turn). Filled by the episode runner with the tokens."""
     episode: Episode | None = None
     """The turns of a multi-turn episode (None: a single-turn sample). Filled by the episode runner
-    (`postrl.engines.episodes`), which makes the sample."""
+    (`postrl.policy.episodes`), which makes the sample."""
 
     @property
     def response(self) -> Response:

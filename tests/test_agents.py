@@ -249,6 +249,52 @@ def test_observation_tokens_are_the_chat_templates_delta_for_the_new_turn(tiny_m
     assert tok.decode(got) == "=12+3=+"
 
 
+@pytest.mark.parametrize("renders_tools", [True, False])
+def test_a_template_that_renders_tools_gets_their_schemas_and_others_a_system_message(tiny_model_dir, renders_tools):
+    """Qwen2.5- or Hermes-style templates describe tools themselves from `tools=`: they get the JSON
+    schemas and the bare opening messages; a template without (SmolLM2's) gets `describe`'s
+    system message. Either way the model's calls are parsed in the same tag format."""
+    model, tok = load_model(str(tiny_model_dir))
+    tok.chat_template = ("{% if tools %}{% for t in tools %}{{ t['function']['name'] }}{% endfor %}{% endif %}"
+                         if renders_tools else "") + \
+        "{% for m in messages %}{{ m['content'] }}={% endfor %}{% if add_generation_prompt %}+{% endif %}"
+    seen = []
+    render = tok.apply_chat_template
+
+    def spy(messages, **kw):
+        seen.append((messages, kw.get("tools")))
+        return render(messages, **kw)
+
+    tok.apply_chat_template = spy
+    env = ToolEnv(make_domain("mul", {}, seed=0, name="mul"), DomainConfig(tools=["calculator"], max_turns=2), "mul")
+    task = env.heldout(1)[0]
+    sample_episodes(Policy(model, tok), [task], 1, {"mul": env}, lambda t: SIX, GenParams(6), torch.Generator())
+    messages, tools = seen[0]
+    described = any("calculator(expression: str)" in m["content"] for m in messages)
+    if renders_tools:
+        assert tools == [TOOLS.get("calculator").schema] and not described
+        assert tools[0]["function"]["parameters"]["required"] == ["expression"]
+    else:
+        assert tools is None and described and messages[0]["role"] == "system"
+    assert messages[-1]["content"] == task.prompt
+
+
+def test_a_user_tools_schema_comes_from_its_signature():
+    def area(width: float, height: float, unit: str = "m") -> str:
+        """The area of a rectangle.
+
+        More words that stay out of the schema."""
+        return f"{width * height} {unit}2"
+
+    from postrl.tools.base import FunctionTool
+
+    fn = FunctionTool(area).schema["function"]
+    assert fn["name"] == "area" and fn["description"] == "The area of a rectangle."
+    assert fn["parameters"]["properties"] == {"width": {"type": "number"}, "height": {"type": "number"},
+                                              "unit": {"type": "string"}}
+    assert fn["parameters"]["required"] == ["width", "height"]
+
+
 # ------------------------------------------------------------------ failure fed back: code_retry
 
 

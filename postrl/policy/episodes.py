@@ -73,6 +73,9 @@ class _Row:
     temperature: float
     prompt_ids: list[int]
     history: list[dict]
+    tools: list[dict]
+    """The tools' JSON schemas given to a chat template that renders them (empty: none, or the
+    template does not: the episode's own messages describe them)."""
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -113,11 +116,12 @@ def sample_episodes(
 
 def _open_row(policy: Policy, g: int, task: Task, env, limits: EpisodeLimits, temperature: float) -> _Row:
     episode = env.reset(task) if callable(getattr(env, "reset", None)) else _SingleTurn(task)
-    messages = [dict(m) for m in episode.messages]
-    prompt_ids = policy.encode_task(replace(task, messages=tuple(messages)))
+    tools = list(getattr(episode, "tool_schemas", ())) if policy.renders_tools() else []
+    messages = [dict(m) for m in (episode.template_messages if tools else episode.messages)]
+    prompt_ids = policy.encode_task(replace(task, messages=tuple(messages)), tools=tools)
     budget = limits.max_tokens or getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30
     return _Row(g, task, episode, getattr(env, "max_turns", 1) if env is not None else 1, tuple(getattr(env, "stop", ())),
-                replace(limits, max_tokens=budget), temperature, prompt_ids, messages)
+                replace(limits, max_tokens=budget), temperature, prompt_ids, messages, tools)
 
 
 def _rounds(rows: list[_Row], params: GenParams) -> dict[tuple, list[int]]:
@@ -174,7 +178,8 @@ def _take_turn(policy: Policy, r: _Row, gen: Generation, sample_s: float) -> Non
     turn.tool = next((m.get("tool", "") for m in observation if m.get("tool")), "")
     if sum(t.role == "assistant" for t in r.record.turns) >= r.max_turns:
         return _end(r, "max_turns")
-    delta = observation_ids(policy, r.history, observation, ended_with_eos=gen.token_ids[-1:] == [policy.tok.eos_token_id])
+    delta = observation_ids(policy, r.history, observation, ended_with_eos=gen.token_ids[-1:] == [policy.tok.eos_token_id],
+                            tools=r.tools)
     fits = r.length() + len(delta) < r.limits.max_tokens
     for m in observation:
         r.record.turns.append(Turn(m["role"], m["content"], 0, m.get("tool", ""), m.get("status", ""),
@@ -188,7 +193,8 @@ def _take_turn(policy: Policy, r: _Row, gen: Generation, sample_s: float) -> Non
     r.mask += [0] * len(delta)
 
 
-def observation_ids(policy: Policy, history: list[dict], observation: list[dict], ended_with_eos: bool) -> list[int]:
+def observation_ids(policy: Policy, history: list[dict], observation: list[dict], ended_with_eos: bool,
+                    tools: list[dict] = ()) -> list[int]:
     """The tokens of an observation after an assistant turn: the chat template's rendering from the
     end of that turn's content (its closing, the observation turns, the next assistant header),
     less the EOS the model already sampled; without a template, the observation's text."""
@@ -198,7 +204,8 @@ def observation_ids(policy: Policy, history: list[dict], observation: list[dict]
     plain = [{"role": m["role"], "content": m["content"]} for m in history[:-1]]
     plain += [{"role": "assistant", "content": _PLACE}] + [{"role": m["role"], "content": m["content"]}
                                                           for m in observation]
-    rendered = tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    extra = {"tools": list(tools)} if tools else {}
+    rendered = tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **extra)
     delta = rendered[rendered.rindex(_PLACE) + len(_PLACE) :]
     if ended_with_eos and tok.eos_token and delta.startswith(tok.eos_token):
         delta = delta[len(tok.eos_token) :]

@@ -24,17 +24,24 @@ class Policy:
     def encode_prompt(self, text: str) -> list[int]:
         return self.encode_task(Task("", "", text, ""))
 
-    def encode_task(self, task: Task) -> list[int]:
+    def encode_task(self, task: Task, tools: list[dict] | None = None) -> list[int]:
         """The prompt's token ids. A model with a chat template gets the task's chat messages
         (system and user turns; `prompt` as the one user message when the domain gives none)
-        through its template, with the assistant turn opened. A model without one (the built-in
-        character models) gets `prompt` as plain text: it was never taught chat turns."""
+        through its template, with the assistant turn opened; `tools` (JSON schemas) go to a
+        template that renders them (`renders_tools`). A model without one (the built-in character
+        models) gets `prompt` as plain text: it was never taught chat turns."""
         if getattr(self.tok, "chat_template", None):
             messages = list(task.messages) if task.messages else [{"role": "user", "content": task.prompt}]
+            extra = {"tools": tools} if tools else {}
             # return_dict=False: transformers 5 otherwise returns a BatchEncoding (list() of it gives its keys)
             return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False))
+                                                     return_dict=False, **extra))
         return self.tok(task.prompt)["input_ids"]
+
+    def renders_tools(self) -> bool:
+        """Whether the chat template describes tools itself from `tools=` (Qwen2.5, Hermes), rather
+        than being left to a system message."""
+        return "tools" in (getattr(self.tok, "chat_template", None) or "")
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

@@ -5,6 +5,9 @@
         # observation: messages for the next turn ({role, content}; a tool turn also carries
         #   `tool` and `status`) or None; reward: the environment's verdict at the end, or None
         #   when the domain grades the final answer (`score`); done: the episode is over
+    episode.tool_schemas                 # optional: its tools as JSON schemas, and the opening
+    episode.template_messages            #   messages without their description, for a chat
+                                         #   template that renders tools itself
     env.max_turns                        # most assistant turns in an episode
     env.stop                             # strings that end an assistant turn (a tool call's closing tag)
     env.score_episodes(tasks, responses, episodes)   # one Score per finished episode
@@ -36,6 +39,7 @@ from postrl.tools.base import (
     make_tools,
     parse_call,
     run_call,
+    tool_schemas,
 )
 
 Messages = list[dict[str, Any]]
@@ -98,6 +102,10 @@ class ToolEpisode:
 
     def __init__(self, inner: Episode | None, messages: Messages, tools: dict, ctx: ToolContext):
         self.inner, self.messages, self.tools, self.ctx = inner, messages, tools, ctx
+        self.template_messages: Messages = messages
+        """The opening messages without the tools' description, for a template given `tool_schemas`."""
+        self.tool_schemas: list[dict] = []
+        """The tools as JSON schemas (empty: no tools); see `postrl.policy.episodes`."""
 
     @property
     def correct(self) -> bool | None:
@@ -141,14 +149,12 @@ class ToolEnv:
 
     def reset(self, task: Task) -> ToolEpisode:
         inner = self.domain.reset(task) if is_environment(self.domain) else None
-        messages = [dict(m) for m in inner.messages] if inner is not None else opening_messages(task)
-        if self.tools:
-            about = describe(self.tools)
-            if messages and messages[0]["role"] == "system":
-                messages[0]["content"] = f"{messages[0]['content']}\n\n{about}"
-            else:
-                messages.insert(0, {"role": "system", "content": about})
-        return ToolEpisode(inner, messages, self.tools, self.ctx)
+        opening = [dict(m) for m in inner.messages] if inner is not None else opening_messages(task)
+        episode = ToolEpisode(inner, with_system(opening, describe(self.tools)) if self.tools else opening,
+                              self.tools, self.ctx)
+        if self.tools:  # for a chat template that renders tools itself, from their schemas
+            episode.template_messages, episode.tool_schemas = opening, tool_schemas(self.tools)
+        return episode
 
     def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]:
         return self.domain.score(tasks, responses)
@@ -163,6 +169,13 @@ class ToolEnv:
         if self.sandbox is not None:
             self.sandbox.close()
         getattr(self.domain, "close", lambda: None)()
+
+
+def with_system(messages: Messages, text: str) -> Messages:
+    """`text` as the system turn: appended to the first one, or a new one before the rest."""
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def as_environment(domain: Any, dcfg: DomainConfig, name: str) -> Any:

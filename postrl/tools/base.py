@@ -5,9 +5,13 @@
     call = parse_call(text)                         # None (no call), a ToolCall, or a CallError
     result = run_call(call, tools, ctx)             # ToolResult(text, status), never raises
 
-The call format (SmolLM2's chat template has none; a template's own format is not parsed yet):
+The call format, Hermes-style (Qwen2.5's and Hermes' chat templates ask for it too):
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call>
+
+A chat template that renders tools itself (it takes `tools=`: Qwen2.5, Hermes) describes them
+from each tool's JSON schema (`Tool.schema`, `tool_schemas`); a model without one (SmolLM2, the
+built-in models) gets `describe`'s system message. Either way the calls are parsed here.
 
 Sampling of a turn stops at `</tool_call>`; the result comes back as the next observation,
 `<tool_result>...</tool_result>`. A user tool is a typed Python function, registered by name in a
@@ -32,6 +36,7 @@ from __future__ import annotations
 import inspect
 import json
 import threading
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,6 +84,9 @@ class Tool(Protocol):
     name: str
     description: str
     """One line for the prompt: `name(arg: type, ...) -> type: docstring`."""
+    schema: dict[str, Any]
+    """The tool as a JSON schema (`{"type": "function", "function": {...}}`), for chat templates
+    that render tools themselves."""
     in_process: bool
     """True: run in a thread of this process under the timeout; False: the tool enforces it (sandbox)."""
 
@@ -100,7 +108,12 @@ class FunctionTool:
         doc = inspect.getdoc(fn) or ""
         params = ", ".join(f"{p.name}: {_type_name(p.annotation)}" for p in self.signature.parameters.values())
         ret = _type_name(self.signature.return_annotation)
-        self.description = f"{self.name}({params}) -> {ret}: {doc.splitlines()[0] if doc else ''}".rstrip(": ")
+        summary = doc.splitlines()[0] if doc else ""
+        self.description = f"{self.name}({params}) -> {ret}: {summary}".rstrip(": ")
+        hints = _type_hints(fn)  # resolves annotations written as strings (`from __future__ import annotations`)
+        self.schema = function_schema(self.name, summary, {
+            p.name: _JSON_TYPES.get(hints.get(p.name, p.annotation), "string") for p in self.signature.parameters.values()},
+            [p.name for p in self.signature.parameters.values() if p.default is inspect.Parameter.empty])
 
     def __call__(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
@@ -108,6 +121,23 @@ class FunctionTool:
         except TypeError as e:
             return ToolResult(f"bad arguments for {self.name}: {e}", "malformed")
         return ToolResult(str(self.fn(*bound.args, **bound.kwargs)))
+
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+
+def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except (NameError, TypeError):  # an annotation that does not resolve: the schema says string
+        return {}
+
+
+def function_schema(name: str, description: str, params: dict[str, str], required: list[str]) -> dict[str, Any]:
+    """The JSON schema chat templates take in `tools=` (transformers' format)."""
+    properties = {k: {"type": t} for k, t in params.items()}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
 
 
 def _type_name(annotation: Any) -> str:
@@ -130,6 +160,10 @@ def register_tool(fn: Callable[..., Any] | None = None, *, name: str | None = No
 def make_tools(names: list[str], key: str = "tools") -> dict[str, Tool]:
     """The registered tools by name; an unknown one raises ConfigError naming `key`."""
     return {n: TOOLS.get(n, key=key) for n in names}
+
+
+def tool_schemas(tools: dict[str, Tool]) -> list[dict[str, Any]]:
+    return [t.schema for t in tools.values()]
 
 
 def describe(tools: dict[str, Tool]) -> str:

@@ -17,7 +17,7 @@ import operator
 from typing import Any
 
 from postrl.sandbox.pool import RunRequest
-from postrl.tools.base import TOOLS, ToolContext, ToolResult, truncate
+from postrl.tools.base import TOOLS, ToolContext, ToolResult, function_schema, truncate
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -60,6 +60,8 @@ def _eval(node: ast.AST) -> int | float:
 class Calculator:
     name = "calculator"
     description = 'calculator(expression: str) -> str: the value of an arithmetic expression, e.g. "123*45"'
+    schema = function_schema("calculator", 'The value of an arithmetic expression, e.g. "123*45".',
+                             {"expression": "string"}, ["expression"])
     in_process = True
 
     def __call__(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
@@ -78,6 +80,8 @@ class Calculator:
 class PythonTool:
     name = "python"
     description = "python(code: str) -> str: run a Python program; its stdout, stderr and any exception"
+    schema = function_schema("python", "Run a Python program; returns its stdout, stderr and any exception.",
+                             {"code": "string"}, ["code"])
     in_process = False  # the sandbox enforces the timeout and the limits
 
     def __call__(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
