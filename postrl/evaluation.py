@@ -13,6 +13,7 @@ from postrl.policy.policy import Policy
 from postrl.policy.rollout import GenParams
 from postrl.registry import Registry
 from postrl.tasks.base import Domain
+from postrl.tasks.env import is_environment
 from postrl.ui import Progress
 
 EVAL_AGGREGATES = Registry("eval aggregate", key="eval.best_aggregate")
@@ -51,7 +52,7 @@ def count_correct(
 def play(policy: Policy, domain: Domain, tasks: list, n: int, params: GenParams,
          generator: torch.Generator | None = None) -> tuple[list, list]:
     """(samples, scores): n samples per task, graded; episodes when `domain` is an environment."""
-    if not callable(getattr(domain, "reset", None)):
+    if not is_environment(domain):
         samples = policy.sample(tasks, n, params, generator)
         return samples, domain.score([s.task for s in samples], [s.response for s in samples])
     limits = EpisodeLimits(params.max_new_tokens, params.stop_strings)

@@ -70,9 +70,8 @@ def test_the_docs_hold_runnable_blocks():
     assert {"run", "recipe", "snippet", "skip"} <= kinds  # the parser finds what the pages mark
 
 
-def scratch_env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
-    return env
+def scratch_env() -> dict[str, str]:
+    return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
 
 
 def in_scratch(tmp_path: Path) -> Path:
@@ -92,16 +91,16 @@ def test_runnable_block(block, tmp_path, builtin_models_cached):
         cmd = [sys.executable, str(script)]
     else:
         cmd = ["bash", "-euo", "pipefail", "-c", code]
-    proc = subprocess.run(cmd, cwd=cwd, env=scratch_env(tmp_path), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=cwd, env=scratch_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{case_id(block)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.parametrize("block", [b for b in ALL if b[3] == "recipe"], ids=case_id)
-def test_recipe_block(block, tmp_path, builtin_models_cached):
+def test_recipe_block(block, tmp_path):
     _, _, _, _, file, code = block
     assert (ROOT / file).read_text() == code, f"{case_id(block)} differs from {file}: copy the file into the page"
     proc = subprocess.run([str(BIN / "postrl"), "plan", str(ROOT / file)], capture_output=True, text=True,
-                          env=scratch_env(tmp_path), cwd=tmp_path)
+                          env=scratch_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -101,12 +101,14 @@ def named_reward(name: str):
 
 
 class recipe_domain:
-    """`with recipe_domain(args) as (domain, reward weights)`: the recipe's domain, built as a run
-    builds it (its reward models registered), closed afterwards."""
+    """`with recipe_domain(args) as (domain, reward weights)`: the recipe's domain (`args.recipe`,
+    `args.domain`, `args.imports`), built as a run builds it (its reward models registered), closed
+    afterwards; `type_name` is its registry name. `postrl score` builds its domain here too."""
 
     def __init__(self, args):
         self.args = args
         self.domain = None
+        self.type_name = ""
 
     def __enter__(self):
         import dataclasses
@@ -121,6 +123,7 @@ class recipe_domain:
             raise UserError(f"--domain {self.args.domain}: not a domain of {self.args.recipe} ({', '.join(cfg.domains)})")
         check_names(cfg)
         dcfg = cfg.domains[self.args.domain]
+        self.type_name = dcfg.type or self.args.domain
         only = dataclasses.replace(cfg, domains={self.args.domain: dcfg})
         self.domain = build_domains(only)[self.args.domain]
         return self.domain, dcfg.reward

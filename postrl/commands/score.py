@@ -31,29 +31,17 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from postrl.commands.reward_check import recipe_domain
     from postrl.errors import UserError
-    from postrl.extensions import load_recipe
-    from postrl.names import check_names
-    from postrl.rewards.composite import apply_terms
-    from postrl.tasks.catalog import make_domain, recipe_params
+    from postrl.rewards.scoring import trained_reward
 
-    cfg = load_recipe(args.recipe, [], args.imports)
-    if args.domain not in cfg.domains:
-        raise UserError(f"--domain {args.domain}: not a domain of {args.recipe} ({', '.join(cfg.domains)})")
-    check_names(cfg)
-    dcfg = cfg.domains[args.domain]
-    type_name = dcfg.type or args.domain
-    domain = make_domain(type_name, recipe_params(type_name, dcfg.params, cfg.base_dir), cfg.seed, args.domain)
-    try:
+    built = recipe_domain(args)
+    with built as (domain, weights):
         if not hasattr(domain, "task_of_row"):
-            raise UserError(f"--domain {args.domain}: a {type_name} domain makes its own problems; "
+            raise UserError(f"--domain {args.domain}: a {built.type_name} domain makes its own problems; "
                             "score grades data set domains (type: dataset)")
         tasks, responses = read_responses(args.responses, domain)
-        scores = domain.score(tasks, responses)
-        scores = apply_terms(dcfg.reward, tasks, responses, scores, components=domain.reward_components)
-    finally:
-        if hasattr(domain, "close"):
-            domain.close()
+        scores = trained_reward(domain, weights, tasks, responses)
     for i, s in enumerate(scores, 1):
         print(json.dumps({"line": i, "reward": s.reward, "correct": s.correct, "status": s.status,
                           "extracted": s.extracted, "components": s.components, "detail": s.detail}))

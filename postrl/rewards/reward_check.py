@@ -32,8 +32,8 @@ from typing import Any
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
 from postrl.rewards.agreement import agreement
-from postrl.rewards.composite import apply_terms
 from postrl.rewards.jsonl import read_jsonl
+from postrl.rewards.scoring import trained_reward
 
 LABEL_FIELDS = ("response", "label", "finish_reason")
 """Columns of a labels row that are not the task's."""
@@ -87,8 +87,7 @@ def domain_reward(domain, weights: dict[str, float]) -> Callable[[Sequence[Task]
     """The reward a run trains on for this domain: its verifier, then the recipe's reward terms."""
 
     def reward(tasks, responses) -> list[Score]:
-        scores = domain.score(list(tasks), list(responses))
-        return apply_terms(weights, tasks, responses, scores, components=getattr(domain, "reward_components", None))
+        return trained_reward(domain, weights, list(tasks), list(responses))
 
     return reward
 

@@ -39,18 +39,27 @@ def score_samples(
         t0 = time.perf_counter()
         tasks, responses = [samples[i].task for i in idx], [samples[i].response for i in idx]
         domain = domains[name]
-        if hasattr(domain, "score_episodes"):  # an environment: its own verdict where an episode gave one
-            graded = domain.score_episodes(tasks, responses, [samples[i].episode for i in idx])
-        else:
-            graded = domain.score(tasks, responses)
-        components = getattr(domain, "reward_components", None)  # names a verifier may return
-        graded = apply_terms(reward_terms.get(name, {}), tasks, responses, graded, components=components)
+        graded = trained_reward(domain, reward_terms.get(name, {}), tasks, responses,
+                                episodes=[samples[i].episode for i in idx])
         if getattr(domain, "gold", None) is not None:  # monitoring only: added after the reward is set
             graded = with_gold(domain.gold, tasks, responses, graded)
         share = (time.perf_counter() - t0) / len(idx)
         for i, score in zip(idx, graded):
             scores[i], seconds[i] = score, share
     return scores, seconds
+
+
+def trained_reward(domain: Any, weights: dict[str, float], tasks: list, responses: list,
+                   episodes: list | None = None) -> list[Score]:
+    """What a run trains on for one domain's replies: its verifier (an environment's own verdict,
+    given the `episodes` that produced them), then the recipe's weighted reward terms. Training,
+    `postrl score` and `postrl reward-check` all grade through this one call."""
+    if episodes is not None and hasattr(domain, "score_episodes"):
+        graded = domain.score_episodes(tasks, responses, episodes)
+    else:
+        graded = domain.score(tasks, responses)
+    components = getattr(domain, "reward_components", None)  # names a verifier may return
+    return apply_terms(weights, tasks, responses, graded, components=components)
 
 
 def with_gold(gold, tasks: list, responses: list, scores: list[Score]) -> list[Score]:

@@ -71,7 +71,7 @@ def is_environment(domain: Any) -> bool:
 def has_environments(cfg: Config) -> bool:
     """Whether a recipe's domains include an environment (tools, a turn limit, or an environment type),
     without building them."""
-    return any(d.tools or d.max_turns or callable(getattr(DOMAINS.get(d.type or name), "reset", None))
+    return any(d.tools or d.max_turns or is_environment(DOMAINS.get(d.type or name))
                for name, d in cfg.domains.items() if (d.type or name) in DOMAINS)
 
 
