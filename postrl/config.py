@@ -142,6 +142,12 @@ class TrainConfig:
     pack_sequences: bool = False
     """Run each micro-batch of the update as one packed sequence (no padding), attention kept
     inside each completion. Same loss up to float rounding; off keeps the padded forward."""
+    learners: int = 1
+    """Data-parallel learner processes (torch.distributed: gloo on CPU, NCCL on GPU). Each takes its
+    share of every minibatch; gradients and token counts are all-reduced, so every rank holds the
+    same parameters. 1 = the learner runs in the trainer process alone."""
+    learner_timeout_s: float = 120.0
+    """Longest wait of a learner collective; a rank that died or hangs ends the run after it."""
 
 
 @dataclass
@@ -259,6 +265,13 @@ class PipelineConfig:
     """Truncation of the importance weight pi_prox / pi_behav on stale batches (decoupled PPO + TIS)."""
     source: str = ""
     """Where batches come from: '' samples live; 'replay:RUN_DIR' trains on a stored run's rollouts."""
+    samplers: int = 0
+    """engine local: sampler processes (each with its own copy of the model and its own torch
+    threads; weights reach them through shared memory once per policy version). 0 = sampling in
+    the trainer's process (inline at max_staleness 0, a rollout thread above)."""
+    sampler_threads: int = 0
+    """torch threads of each sampler process (0 = the trainer's threads split evenly between the
+    trainer and the samplers, at least one each)."""
 
 
 @dataclass
@@ -272,6 +285,13 @@ class RayConfig:
     max_restarts: int = 3
     """Times a dead rollout or reward actor is replaced before the run gives up; also the times Ray
     restarts a dead sandbox actor."""
+    sandbox_actors: int = 1
+    """Sandbox actors per code domain at the start, and the fewest kept."""
+    max_sandbox_actors: int = 1
+    """Most sandbox actors per code domain: more are started, on any node with a free CPU, while
+    runs queue; an extra one idle for sandbox_idle_s is stopped (1 = one actor, elastic inside)."""
+    sandbox_idle_s: float = 30.0
+    """Idle seconds after which an extra sandbox actor (above sandbox_actors) is stopped."""
 
 
 @dataclass
@@ -556,6 +576,19 @@ def validate_pipeline(cfg: Config) -> None:
         raise ConfigError(f"config key 'pipeline.max_staleness' = {cfg.pipeline.max_staleness}: must be >= 0")
     if cfg.pipeline.is_cap < 1:
         raise ConfigError(f"config key 'pipeline.is_cap' = {cfg.pipeline.is_cap}: must be >= 1")
+    p, t, r = cfg.pipeline, cfg.train, cfg.ray
+    for key, value, low in (("pipeline.samplers", p.samplers, 0), ("pipeline.sampler_threads", p.sampler_threads, 0),
+                            ("train.learners", t.learners, 1), ("ray.sandbox_actors", r.sandbox_actors, 1)):
+        if value < low:
+            raise ConfigError(f"config key '{key}' = {value}: must be >= {low}")
+    if t.learner_timeout_s <= 0:
+        raise ConfigError(f"config key 'train.learner_timeout_s' = {t.learner_timeout_s}: must be > 0")
+    if r.max_sandbox_actors < r.sandbox_actors:
+        raise ConfigError(f"config key 'ray.max_sandbox_actors' = {r.max_sandbox_actors}: must be >= "
+                          f"ray.sandbox_actors ({r.sandbox_actors})")
+    if p.samplers and (cfg.engine != "local" or p.source):
+        raise ConfigError("config key 'pipeline.samplers': sampler processes are engine local's; "
+                          "engine ray samples on its rollout actors (ray.rollout_workers)")
     if cfg.ray.rollout_workers < 1:
         raise ConfigError(f"config key 'ray.rollout_workers' = {cfg.ray.rollout_workers}: must be >= 1")
     if cfg.pipeline.source and (cfg.engine != "local" or cfg.pipeline.max_staleness or cfg.curriculum.dynamic_sampling):
