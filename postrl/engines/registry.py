@@ -20,12 +20,17 @@ ENGINES = Registry("engine", key="engine")
 
 @ENGINES.register("local")
 def local(policy, domains, cfg, log):
-    """In this process: inline at max_staleness 0, rollout threads above; with
-    pipeline.source=replay:RUN_DIR, a stored run's rollouts instead of sampling."""
+    """In this process: inline at max_staleness 0, rollout threads above; with pipeline.samplers N,
+    N sampler processes; with pipeline.source=replay:RUN_DIR, a stored run's rollouts instead of
+    sampling."""
     if cfg.pipeline.source:
         from postrl.engines.replay import ReplayEngine
 
         return ReplayEngine(policy, domains, cfg, log)
+    if cfg.pipeline.samplers:
+        from postrl.engines.processes import ProcessEngine
+
+        return ProcessEngine(policy, domains, cfg, log)
     from postrl.engines.pipeline import make_local_engine
 
     return make_local_engine(policy, domains, cfg, log)
