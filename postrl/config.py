@@ -272,6 +272,10 @@ class PipelineConfig:
     sampler_threads: int = 0
     """torch threads of each sampler process (0 = the trainer's threads split evenly between the
     trainer and the samplers, at least one each)."""
+    reference: str = "sampler"
+    """With sampler processes, where the reference log-probs (the KL's) are computed: sampler (an
+    inference pass after each order, beside generation, off the learner's critical path) or
+    learner. In-process engines compute them on the learner."""
 
 
 @dataclass
@@ -586,6 +590,8 @@ def validate_pipeline(cfg: Config) -> None:
     if r.max_sandbox_actors < r.sandbox_actors:
         raise ConfigError(f"config key 'ray.max_sandbox_actors' = {r.max_sandbox_actors}: must be >= "
                           f"ray.sandbox_actors ({r.sandbox_actors})")
+    if p.reference not in ("sampler", "learner"):
+        raise ConfigError(f"config key 'pipeline.reference' = {p.reference!r}: expected sampler or learner")
     if p.samplers and (cfg.engine != "local" or p.source):
         raise ConfigError("config key 'pipeline.samplers': sampler processes are engine local's; "
                           "engine ray samples on its rollout actors (ray.rollout_workers)")

@@ -147,6 +147,9 @@ class Sample:
     episode: Episode | None = None
     """The turns of a multi-turn episode (None: a single-turn sample). Filled by the episode runner
     (`postrl.policy.episodes`), which makes the sample."""
+    ref_logprobs: list[float] | None = None
+    """Reference log-probs of `completion_ids` (0 on observation tokens), when a sampler process
+    computed them (`pipeline.reference: sampler`); None = the learner computes them."""
 
     @property
     def response(self) -> Response:

@@ -21,8 +21,10 @@ def metrics(run_dir):
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("extra", [[], ["curriculum.dynamic_sampling=true", "train.max_new_tokens=4"]],
-                         ids=["default", "dynamic-sampling"])
+@pytest.mark.parametrize("extra", [
+    [],  # the reference pass on the sampler, over each order: a batch of one order gets the same numbers
+    ["curriculum.dynamic_sampling=true", "train.max_new_tokens=4", "pipeline.reference=learner"],
+], ids=["default", "dynamic-sampling"])
 def test_sampler_process_at_staleness_0_equals_the_synchronous_loop(tiny_model_dir, tmp_path, extra):
     sync = run_train(tiny_model_dir, tmp_path / "sync", "train.total_steps=3", *ONE_THREAD, *extra)
     proc = run_train(tiny_model_dir, tmp_path / "proc", "train.total_steps=3", "pipeline.samplers=1",
@@ -30,6 +32,8 @@ def test_sampler_process_at_staleness_0_equals_the_synchronous_loop(tiny_model_d
     assert same_weights(weights(sync), weights(proc))
     assert rows(sync) == rows(proc)
     assert all(m["engine/restarts"] == 0 for m in metrics(proc))
+    on_sampler = "pipeline.reference=learner" not in extra  # then the samplers did the reference pass
+    assert all((m["time/reference_s"] > 0) == on_sampler for m in metrics(proc))
 
 
 def test_sampler_processes_at_staleness_2_are_reproducible_and_equal_the_threaded_pipeline(tiny_model_dir, tmp_path):

@@ -56,7 +56,9 @@ from postrl.config import Config
 from postrl.engines.pipeline import LocalScorer, Order, Pending, Pipeline, Rollout, generate, reward_terms
 from postrl.extensions import load as load_extensions
 from postrl.policy.device import model_device
+from postrl.policy.lora import make_reference
 from postrl.policy.policy import Policy
+from postrl.policy.update import reference_logprobs
 from postrl.records import Sample
 from postrl.tasks.env import has_environments
 
@@ -111,6 +113,9 @@ def sampler_main(model, tok, max_batch: int, cfg: Config, threads: int, device: 
     torch.set_num_threads(threads)
     model = copy.deepcopy(model).to(device).eval()  # its own tensors: not the pickled shared ones
     policy = Policy(model, tok, max_batch)
+    reference = None  # the frozen initial policy (the model arrives with the run's initial weights)
+    if cfg.pipeline.reference == "sampler" and cfg.rl.kl_coef > 0:
+        reference = make_reference(model)
     envs = None
     if has_environments(cfg):  # episodes step the run's environments here (tools, feedback)
         from postrl.tasks.catalog import build_domains
@@ -136,7 +141,10 @@ def sampler_main(model, tok, max_batch: int, cfg: Config, threads: int, device: 
             policy.version = order.version
             start = time.time()
             samples = generate(policy, order, cfg, on_ready=ready, envs=envs)
-            results.send(("done", attempt, [sent[id(s)] for s in samples], start, time.time()))
+            end = time.time()
+            ref = None if reference is None else reference_logprobs(
+                reference, samples, tok.pad_token_id, cfg.train, cfg.model, torch.device(device))
+            results.send(("done", attempt, [sent[id(s)] for s in samples], start, end, ref, time.time() - end))
         except Exception:
             results.send(("error", attempt, traceback.format_exc()))
 
@@ -205,6 +213,8 @@ class ProcessEngine(Pipeline):
         self._attempts = itertools.count(1)
         self._published: SharedWeights | None = None
         self.restarts = 0
+        self.reference_s = 0.0
+        """Seconds of the samplers' reference passes in the orders taken since the last metrics()."""
         self.scorer = LocalScorer(domains, reward_terms(cfg))
         self.samplers = [self._spawn(i) for i in range(n)]
 
@@ -283,9 +293,13 @@ class ProcessEngine(Pipeline):
             del self._flights[key]
         if flight.error:
             raise RuntimeError(f"rollout of step {key[0]} failed in sampler {flight.worker}:\n{flight.error}")
-        order_idx, start, end = flight.done
+        order_idx, start, end, ref, ref_s = flight.done
+        self.reference_s += ref_s
         by_index = [s for chunk, _ in flight.chunks for s in chunk]
-        return Pending(key[0], [by_index[j] for j in order_idx], start, end, flight.chunks, self.scorer).result()
+        samples = [by_index[j] for j in order_idx]
+        for s, r in zip(samples, ref or ()):
+            s.ref_logprobs = r
+        return Pending(key[0], samples, start, end, flight.chunks, self.scorer).result()
 
     def _ready(self, key: tuple[int, int]) -> bool:
         with self._cond:
@@ -301,8 +315,9 @@ class ProcessEngine(Pipeline):
                        key=lambda f: (f.order.step, f.order.stream))
         for f in again:
             if f.tries >= MAX_TRIES:
-                raise RuntimeError(f"sampler processes died {f.tries} times on the order of step {f.order.step}; "
-                                   f"last exit code {old.process.exitcode}")
+                raise RuntimeError(f"sampler processes died {f.tries} times on the order of step {f.order.step} "
+                                   f"(last exit code {old.process.exitcode}; its error is above; a script that "
+                                   f"starts them must guard its entry point with if __name__ == '__main__')")
         self.restarts += 1
         self.samplers[i] = self._spawn(i)
         self.log(f"sampler process {i} died (exit code {old.process.exitcode}); restarted; "
@@ -311,7 +326,9 @@ class ProcessEngine(Pipeline):
             self._send(f)
 
     def metrics(self) -> dict[str, float]:
-        return super().metrics() | {"engine/restarts": float(self.restarts)}
+        m = {"engine/restarts": float(self.restarts), "time/reference_s": self.reference_s}
+        self.reference_s = 0.0
+        return super().metrics() | m
 
     def _discard(self) -> None:
         with self._cond:

@@ -77,14 +77,18 @@ class Learner:
 
     def build_batch(self, samples: list[Sample], kl_coef: float) -> Batch:
         """Right-pad prompt+completion rows (position t of the masks predicts token t+1), compute
-        the reference log-probs once, and the advantages. `samples`: whole groups of
+        the reference log-probs once (or take those a sampler process computed,
+        `Sample.ref_logprobs`), and the advantages. `samples`: whole groups of
         `train.samples_per_prompt`, contiguous."""
         ids, attn, loss_mask, old = (t.to(self.device) for t in _padded_rows(samples, self.policy.tok.pad_token_id))
         temps = torch.tensor([s.temperature for s in samples], device=self.device)
         ref = None
         if self.ref_model is not None and self.rl.kl_coef > 0:
-            ref = self._logprobs(self.ref_model, torch.arange(len(samples), device=self.device), ids, attn,
-                                 loss_mask, temps, out=torch.zeros_like(old))
+            if all(s.ref_logprobs is not None for s in samples):
+                ref = _completion_rows(samples, [s.ref_logprobs for s in samples], old.shape[1]).to(self.device)
+            else:
+                ref = self._logprobs(self.ref_model, torch.arange(len(samples), device=self.device), ids, attn,
+                                     loss_mask, temps, out=torch.zeros_like(old))
         adv = self._advantages(samples, old, ref, loss_mask, kl_coef)
         prox = self._proximal_logprobs(samples, ids, attn, loss_mask, old, temps)
         return Batch(ids, attn, loss_mask, old, ref, adv, temps, prox)
@@ -120,18 +124,9 @@ class Learner:
         return self._logprobs(self.forward_model, stale.nonzero().flatten(), ids, attn, loss_mask, temps,
                               out=old.clone())
 
-    @torch.no_grad()
     def _logprobs(self, model, rows, ids, attn, loss_mask, temps, out: torch.Tensor) -> torch.Tensor:
-        """`out` with `model`'s log-probs of the completion tokens written into `rows`, one
-        micro-batch at a time (a forward over the whole batch is a memory spike with a large
-        vocabulary), each cut to its longest row."""
-        for micro in self._micro_batches(rows, attn):
-            width = int(attn[micro].sum(-1).max())
-            logp, _ = token_logprobs(model, ids[micro, :width], attn[micro, :width], temps[micro],
-                                     needed=loss_mask[micro, : width - 1], pack=self.train_cfg.pack_sequences,
-                                     chunk_mib=self.chunk_mib)
-            out[micro, : width - 1] = logp * loss_mask[micro, : width - 1]
-        return out
+        return logprobs_into(model, self._micro_batches(rows, attn), ids, attn, loss_mask, temps, out,
+                             pack=self.train_cfg.pack_sequences, chunk_mib=self.chunk_mib)
 
     def update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
         model = self.policy.model
@@ -171,24 +166,8 @@ class Learner:
         )
 
     def _micro_batches(self, mb: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
-        """`mb`'s rows in order, cut into micro-batches of at most `model.micro_batch_size` rows and
-        `train.max_tokens_per_microbatch` tokens (the forward's tokens: padded rows x longest row, or
-        the rows' sum when packed); a row over the budget alone makes a micro-batch."""
-        size = self.micro_batch_size or len(mb)
-        budget = self.train_cfg.max_tokens_per_microbatch
-        if not budget:
-            return [mb[i : i + size] for i in range(0, len(mb), size)]
-        lengths = attention_mask[mb].sum(-1).tolist()
-        packed = self.train_cfg.pack_sequences
-        out, start = [], 0
-        for end in range(1, len(mb) + 1):
-            span = lengths[start:end]
-            cost = sum(span) if packed else len(span) * max(span)
-            if end - start > 1 and (end - start > size or cost > budget):
-                out.append(mb[start : end - 1])
-                start = end - 1
-        out.append(mb[start:])
-        return out
+        return micro_batches(mb, attention_mask, self.micro_batch_size, self.train_cfg.max_tokens_per_microbatch,
+                             self.train_cfg.pack_sequences)
 
     def _micro_loss(self, batch: Batch, rows: torch.Tensor, kl_coef: float, sample_entropy):
         """(loss, its terms as floats) of `rows`, aggregated over these rows only (the caller
@@ -225,6 +204,58 @@ class Learner:
                       "ent": float(ent_mean.detach()), "clip": st.clip_frac, "kl_max": kl_max}
 
 
+def micro_batches(mb: torch.Tensor, attention_mask: torch.Tensor, size: int, budget: int,
+                  packed: bool) -> list[torch.Tensor]:
+    """`mb`'s rows in order, cut into micro-batches of at most `size` rows (`model.micro_batch_size`,
+    0 = no limit) and `budget` tokens (`train.max_tokens_per_microbatch`: the forward's tokens,
+    padded rows x longest row, or the rows' sum when packed); a row over the budget alone makes a
+    micro-batch."""
+    size = size or len(mb)
+    if not budget:
+        return [mb[i : i + size] for i in range(0, len(mb), size)]
+    lengths = attention_mask[mb].sum(-1).tolist()
+    out, start = [], 0
+    for end in range(1, len(mb) + 1):
+        span = lengths[start:end]
+        cost = sum(span) if packed else len(span) * max(span)
+        if end - start > 1 and (end - start > size or cost > budget):
+            out.append(mb[start : end - 1])
+            start = end - 1
+    out.append(mb[start:])
+    return out
+
+
+@torch.no_grad()
+def logprobs_into(model, micros: list[torch.Tensor], ids, attn, loss_mask, temps, out: torch.Tensor, pack: bool,
+                  chunk_mib: float) -> torch.Tensor:
+    """`out` with `model`'s log-probs of the completion tokens written into the rows of `micros`, one
+    micro-batch at a time (a forward over the whole batch is a memory spike with a large
+    vocabulary), each cut to its longest row."""
+    for micro in micros:
+        width = int(attn[micro].sum(-1).max())
+        logp, _ = token_logprobs(model, ids[micro, :width], attn[micro, :width], temps[micro],
+                                 needed=loss_mask[micro, : width - 1], pack=pack, chunk_mib=chunk_mib)
+        out[micro, : width - 1] = logp * loss_mask[micro, : width - 1]
+    return out
+
+
+def reference_logprobs(ref_model, samples: list[Sample], pad_id: int, train: TrainConfig, model_cfg: ModelConfig,
+                       device: torch.device) -> list[list[float]]:
+    """Each sample's reference log-probs over its completion, computed exactly as
+    `Learner.build_batch` computes them for a batch of these samples in this order. A sampler
+    process calls this on its order (`pipeline.reference: sampler`), so a batch made of one order
+    gets the very numbers the learner would have computed."""
+    ids, attn, loss_mask, old = (t.to(device) for t in _padded_rows(samples, pad_id))
+    temps = torch.tensor([s.temperature for s in samples], device=device)
+    rows = torch.arange(len(samples), device=device)
+    micros = micro_batches(rows, attn, model_cfg.micro_batch_size, train.max_tokens_per_microbatch,
+                           train.pack_sequences)
+    out = logprobs_into(ref_model, micros, ids, attn, loss_mask, temps, torch.zeros_like(old),
+                        pack=train.pack_sequences, chunk_mib=model_cfg.logits_chunk_mib).cpu()
+    return [out[i, len(s.prompt_ids) - 1 : len(s.prompt_ids) - 1 + len(s.completion_ids)].tolist()
+            for i, s in enumerate(samples)]
+
+
 def _padded_rows(samples: list[Sample], pad: int):
     """Right-padded prompt+completion rows on the CPU: ids, attention [B, T]; loss mask and
     behaviour log-probs [B, T-1], where position t predicts token t+1 (the mask is 0 on the
@@ -244,6 +275,16 @@ def _padded_rows(samples: list[Sample], pad: int):
         loss_mask[i, start : start + n] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, device="cpu")
         old[i, start : start + n] = torch.tensor(s.logprobs, device="cpu")
     return ids, attn, loss_mask, old
+
+
+def _completion_rows(samples: list[Sample], values: list[list[float]], width: int) -> torch.Tensor:
+    """[B, width] zeros with each sample's per-completion-token values at its completion's positions
+    (as `_padded_rows` places the behaviour log-probs)."""
+    out = torch.zeros((len(samples), width), device="cpu")
+    for i, (s, v) in enumerate(zip(samples, values)):
+        start = len(s.prompt_ids) - 1
+        out[i, start : start + len(v)] = torch.tensor(v, device="cpu")
+    return out
 
 
 def offpolicy_stats(batch: Batch, cap: float) -> dict[str, float]:
