@@ -144,7 +144,8 @@ def sampler_main(model, tok, max_batch: int, cfg: Config, threads: int, device: 
             end = time.time()
             ref = None if reference is None else reference_logprobs(
                 reference, samples, tok.pad_token_id, cfg.train, cfg.model, torch.device(device))
-            results.send(("done", attempt, [sent[id(s)] for s in samples], start, end, ref, time.time() - end))
+            ref_s = 0.0 if reference is None else time.time() - end
+            results.send(("done", attempt, [sent[id(s)] for s in samples], start, end, ref, ref_s))
         except Exception:
             results.send(("error", attempt, traceback.format_exc()))
 
