@@ -105,13 +105,14 @@ def test_code_domain_runs_on_the_sandbox_actor(tiny_model_dir, tmp_path):
 
 
 def test_killed_sandbox_actor_loses_no_sample(tiny_model_dir, tmp_path, monkeypatch):
-    """The actor dies while the reward worker's runs wait in its pool (held full by two long runs
-    sent from here); Ray restarts it, the reward worker sends those runs again, and the rollouts
-    equal the local engine's."""
+    """The domain's (one) sandbox actor dies while the reward worker's runs wait in its pool (held
+    full by two long runs sent from here); Ray restarts it, the fleet sends those runs again, and
+    the rollouts equal the local engine's."""
     needs_sandbox()
     start, killed = ray_engine.RayEngine._start, []
 
-    def kill_when_busy(actor):
+    def kill_when_busy(fleet):
+        actor = ray.get(fleet.actors.remote())[0]
         hold = [RunRequest("import time; time.sleep(30)", timeout_s=60)] * 2  # both workers (max_workers 2)
         blocked = actor.run_many.remote(hold)
         deadline = time.time() + 120
@@ -127,7 +128,7 @@ def test_killed_sandbox_actor_loses_no_sample(tiny_model_dir, tmp_path, monkeypa
     def start_then_kill(self, order):
         flight = start(self, order)
         if order.step == 2 and not killed:
-            threading.Thread(target=kill_when_busy, args=(self.sandbox_actors["code"],), daemon=True).start()
+            threading.Thread(target=kill_when_busy, args=(self.sandbox_fleets["code"],), daemon=True).start()
         return flight
 
     monkeypatch.setattr(ray_engine.RayEngine, "_start", start_then_kill)

@@ -1,9 +1,9 @@
 """engine: ray. Rollout workers, the reward worker and the sandbox pool are Ray actors; the loop is unchanged.
 
-    trainer (driver)        RolloutWorker i (step % n)           RewardWorker          SandboxActor
+    trainer (driver)        RolloutWorker i (step % n)           RewardWorker          SandboxFleet
     submit(q): put weights -> generate(order q, [weights ref]) -- groups as they finish -> score(chunk)
                                  (run_order: goes on sampling)  <- scores ---------    code domain:
-    take(q): ray.get  <------ Rollout(q), once every chunk is scored                  run_many(reqs) <-> pool
+    take(q): ray.get  <------ Rollout(q), once every chunk is scored                  run_many(reqs) <-> actors
 
 Orders and their timing are `postrl.engines.pipeline`'s: an order is submitted at the start of
 trainer step q - K with a reference to the weights of that moment, published once per policy
@@ -13,8 +13,10 @@ worker runs the order through `run_order`, the same call as the local engines: e
 groups goes to the reward worker (`score.remote`) the moment its last sample finishes, and is
 graded there while the rollout worker samples the rest; the worker returns the Rollout once the
 last chunk is scored. The reward worker holds the run's domains; a code domain among them runs
-its programs on the sandbox actor (`postrl.engines.ray_sandbox`), which holds the elastic pool
-and is shared with the trainer's own domains (eval).
+its programs on the domain's sandbox fleet (`postrl.engines.ray_sandbox`): between
+`ray.sandbox_actors` and `ray.max_sandbox_actors` sandbox actors, each holding an elastic pool,
+shared with the trainer's own domains (eval). The trainer logs each change of the fleet's size
+and reports `sandbox/<domain>/actors`, `.../workers` (all actors') and `.../runs`.
 
 Extensions: the run's `imports:` are loaded by each rollout and reward actor when it starts
 (`postrl.extensions.load`), before it builds anything from the config; their verifier pools
@@ -25,9 +27,9 @@ Faults: when a result cannot be fetched because a rollout or reward actor died, 
 are replaced (up to `ray.max_restarts` times in all) and every order in flight is submitted
 again. An order's outcome is fixed by its tasks, its weights and its (seed, step) generator, so
 the re-run produces the samples the lost run would have: none is lost, and since results are
-taken once per step, none is duplicated. A dead sandbox actor is restarted by Ray and the runs it
-had in flight are sent again by their callers; orders are not re-run for it. Each event is
-logged; `engine/restarts` counts replaced rollout/reward actors, `engine/sandbox_requeues` the
+taken once per step, none is duplicated. A dead sandbox actor is restarted by Ray (or replaced)
+and the runs it had in flight are sent again by its fleet; orders are not re-run for it. Each
+event is logged; `engine/restarts` counts replaced rollout/reward actors, `engine/sandbox_requeues` the
 sandbox calls sent again.
 """
 
@@ -42,7 +44,7 @@ import torch
 
 from postrl.config import Config
 from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, reward_terms, run_order, score_chunk
-from postrl.engines.ray_sandbox import RaySandbox, start_sandbox_actor
+from postrl.engines.ray_sandbox import FleetSpec, RaySandbox, describe, start_sandbox_fleet
 from postrl.extensions import load as load_extensions
 from postrl.policy.policy import Policy
 from postrl.records import Sample
@@ -132,26 +134,32 @@ class RayEngine(Pipeline):
             p.requires_grad_(False)
         self._model_ref = ray.put(model)  # one copy in the object store, shared by every (re)started worker
         self._actor = ray.remote(num_cpus=1)(RolloutWorker), ray.remote(num_cpus=0)(RewardWorker)
-        self.sandbox_actors, self.sandboxes = self._start_sandboxes()
+        self._sandbox_seen: dict[str, dict] = {}  # domain -> what of its fleet was logged
+        self.sandbox_fleets, self.sandboxes = self._start_sandboxes()
         self.workers = [self._new_worker() for _ in range(r.rollout_workers)]
         self.scorer = self._actor[1].remote(cfg, self.sandboxes)
         self.restarts = self.sandbox_requeues = 0
         self._published: tuple[int, Any] | None = None
-        self._sizes_seen: dict[str, tuple[int, int]] = {}  # domain -> (actor pid, sizes logged)
 
     def _start_sandboxes(self) -> tuple[dict, dict[str, RaySandbox]]:
-        """One sandbox actor per domain that runs code; the trainer's domains (eval) use it too."""
-        actors, backends = {}, {}
+        """One sandbox fleet per domain that runs code; the trainer's domains (eval) use it too."""
+        r = self.cfg.ray
+        fleets, backends = {}, {}
         for name, domain in self.domains.items():
             sandbox_cfg = getattr(domain, "sandbox_config", lambda: None)()
             if sandbox_cfg is None:
                 continue
-            actors[name], info = start_sandbox_actor(sandbox_cfg, self.cfg.ray.max_restarts, name)
-            backends[name] = RaySandbox(actors[name], info, self.cfg.ray.max_restarts)
+            spec = FleetSpec(name, r.sandbox_actors, r.max_sandbox_actors, r.sandbox_idle_s, r.max_restarts)
+            fleets[name], info = start_sandbox_fleet(sandbox_cfg, spec)
+            backends[name] = RaySandbox(fleets[name], info, r.max_restarts)
             domain.use_sandbox(backends[name])
-            self.log(f"ray engine: sandbox pool of domain {name} is an actor ({info['n_workers']} workers, "
-                         f"isolation {info['isolation']})")
-        return actors, backends
+            kind = "an actor" if spec.max_actors == 1 else (
+                f"a fleet of {spec.min_actors} to {spec.max_actors} actors (those above {spec.min_actors} "
+                f"stop after {spec.idle_s:g} s idle)")
+            self.log(f"ray engine: sandbox pool of domain {name} is {kind} ({info['n_workers']} workers, "
+                     f"isolation {info['isolation']})")
+            self._log_sandbox_changes(name, info)
+        return fleets, backends
 
     def _new_worker(self):
         return self._actor[0].remote(self._model_ref, self.policy.tok, self.cfg, self.sandboxes)
@@ -220,24 +228,46 @@ class RayEngine(Pipeline):
         return super().metrics() | m
 
     def _sandbox_metrics(self) -> dict[str, float]:
-        """Pool size and runs (since the actor last started) per sandbox actor; every resize since
-        the last step is logged."""
+        """Actors, pool workers (all actors') and runs (delivered since the fleet started) per
+        domain; every change since the last step is logged."""
         m = {}
-        for name, actor in self.sandbox_actors.items():
-            info = ray.get(actor.info.remote())
-            pid, seen = self._sizes_seen.get(name, (info["pid"], 1))  # the first size was logged at start
-            for _, n in info["sizes"][seen if pid == info["pid"] else 0:]:
-                self.log(f"ray engine: sandbox pool of domain {name} resized to {n} workers")
-            self._sizes_seen[name] = (info["pid"], len(info["sizes"]))
+        for name, fleet in self.sandbox_fleets.items():
+            seen = self._sandbox_seen[name]
+            info = ray.get(fleet.info.remote(seen["changes"]))
+            if info["pid"] != seen["pid"]:  # restarted by Ray: its records start over
+                info = ray.get(fleet.info.remote(0))
+            self._log_sandbox_changes(name, info)
+            m[f"sandbox/{name}/actors"] = float(info["actors"])
             m[f"sandbox/{name}/workers"] = float(info["n_workers"])
             m[f"sandbox/{name}/runs"] = float(info["runs"])
         return m
+
+    def _log_sandbox_changes(self, name: str, info: dict) -> None:
+        """Log the changes of a fleet's actor count in `info` (those not logged yet) and each new
+        resize of its actors' pools."""
+        seen = self._sandbox_seen.get(name)
+        if seen is None or seen["pid"] != info["pid"]:
+            seen = self._sandbox_seen[name] = {"pid": info["pid"], "pools": {}}
+        for change in info["changes"]:
+            self.log(f"ray engine: sandbox of domain {name}: {describe(change)}")
+        seen["changes"] = info["n_changes"]
+        for pool in info["pools"]:
+            key = (pool["key"], pool["pid"])
+            for _, n in pool["sizes"][seen["pools"].get(key, 1):]:  # its first size: logged when it started
+                self.log(f"ray engine: sandbox pool of domain {name} resized to {n} workers"
+                         + (f" (actor {pool['key']})" if len(info["pools"]) > 1 else ""))
+            seen["pools"][key] = len(pool["sizes"])
 
     def _discard(self) -> None:
         self._published = None
 
     def close(self) -> None:
-        for actor in [*self.workers, self.scorer, *self.sandbox_actors.values()]:
+        for fleet in self.sandbox_fleets.values():  # its actors first, then itself
+            try:
+                ray.get(fleet.close.remote(), timeout=30)
+            except ray.exceptions.RayError:
+                pass  # dead already: its actors died with it
+        for actor in [*self.workers, self.scorer, *self.sandbox_fleets.values()]:
             ray.kill(actor)
         if self._owns_ray:
             ray.shutdown()
