@@ -54,6 +54,7 @@ def train(cfg: Config, log=print, resume: bool = False) -> Path:
     run.evaluate_at_start()  # eval.at_start: the base model's scores, the seesaw's first reference
     with run.progress:
         while step < cfg.train.total_steps and not stopped:
+            run.check_learners(step)  # train.learners > 1: a rank that is gone stops the run, checkpointed
             # 1-3. tasks drawn by the curriculum, sampled and scored (K > 0: submitted K steps ahead)
             submit_ahead(run, step)
             rollout = run.engine.take(step)

@@ -38,7 +38,7 @@ from postrl.errors import UserError
 from postrl.evaluation import EVAL_AGGREGATES, evaluate
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
-from postrl.models import load_model
+from postrl.models import load_model, resolve_model_path
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples
 from postrl.monitor.monitors import MonitorContext, Monitors, build_monitors
 from postrl.monitor.report import REPORT_FILE, write_report
@@ -47,6 +47,7 @@ from postrl.monitor.sinks import MultiSink, make_sinks
 from postrl.monitor.step_metrics import StepTimes, step_metrics
 from postrl.names import check_names
 from postrl.policy.device import resolve_device
+from postrl.policy.distributed import start_learners
 from postrl.policy.lora import apply_lora, load_policy_weights, make_reference, save_policy
 from postrl.policy.policy import Policy
 from postrl.policy.update import Learner, UpdateStats
@@ -172,8 +173,21 @@ class Run:
             return step, True
         return step, False
 
+    def check_learners(self, step: int) -> None:
+        """`train.learners` > 1: a learner rank that is gone stops the run here, between steps, with
+        a checkpoint of this step to resume from."""
+        dead = self.learner.ranks.dead() if self.learner.ranks is not None else []
+        if not dead:
+            return
+        save_checkpoint(self, step, None)
+        self.learner.close()
+        ranks = ", ".join(f"rank {r} (exit code {code})" for r, code in dead)
+        raise UserError(f"learner {ranks} stopped before step {step}; a checkpoint of step {step} was written: "
+                        f"postrl train --resume {self.dir}")
+
     def finish(self, step: int) -> None:
         self.engine.close()
+        self.learner.close()
         save_model(self.policy, self.dir / "final")
         for d in [*self.domains.values(), *self.eval_domains.values()]:
             for part in (d, getattr(d, "gold", None)):  # a domain's monitoring-only gold scorer too
@@ -218,6 +232,8 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
         ckpt=CheckpointManager(run_dir, keep_last=cfg.checkpoint.keep_last, log=log),
         progress=Progress(cfg.train.total_steps, enabled=cfg.run.progress), log=log, eval_domains=eval_domains,
     )
+    if cfg.train.learners > 1:
+        start_learners(run.learner, cfg, str(resolve_model_path(cfg.model.name)), run_dir, log)  # this process: rank 0
     if resume:
         latest = run.ckpt.latest_valid()
         if latest is None:
@@ -277,6 +293,7 @@ def load_checkpoint_state(run: Run, ckpt) -> int:
     run.policy.version = state["policy_version"]
     run.learner.opt.load_state_dict(state["optimizer"])
     run.learner.sched.load_state_dict(state["scheduler"])
+    run.learner.state_loaded()  # data-parallel ranks: they get this state before the next update
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
     torch.set_rng_state(state["rng"]["torch"])

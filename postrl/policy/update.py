@@ -74,6 +74,8 @@ class Learner:
         self.opt = make_optimizer(params, lr=train.lr, weight_decay=train.weight_decay)  # bf16: fp32 masters
         warmup = max(1, train.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warmup))
+        self.ranks = None
+        """`postrl.policy.distributed.Ranks` with `train.learners` > 1: this rank's share, the reductions."""
 
     def build_batch(self, samples: list[Sample], kl_coef: float) -> Batch:
         """Right-pad prompt+completion rows (position t of the masks predicts token t+1), compute
@@ -129,6 +131,17 @@ class Learner:
                              pack=self.train_cfg.pack_sequences, chunk_mib=self.chunk_mib)
 
     def update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
+        """`ppo_epochs` x `minibatches` optimiser steps on `batch`; with data-parallel ranks
+        (`postrl.policy.distributed`) each takes its share of every minibatch, the same call on each."""
+        if self.ranks is not None:
+            self.ranks.begin(self, batch, kl_coef, generator)
+        try:
+            return self._update(batch, kl_coef, generator)
+        finally:
+            if self.ranks is not None:
+                self.ranks.end()
+
+    def _update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
         model = self.policy.model
         sample_entropy = torch.zeros(batch.input_ids.shape[0], device=self.device)
         model.train()
@@ -140,17 +153,12 @@ class Learner:
             order = torch.randperm(batch.input_ids.shape[0], generator=generator, device=generator.device)
             order = order.to(self.device)
             for start in range(0, len(order), size):
-                mb = order[start : start + size]
                 self.opt.zero_grad(set_to_none=True)
-                # gradient accumulation: each micro-batch's loss is weighted by its share of the
-                # minibatch's aggregation denominator, so the summed gradient is the minibatch's
-                for micro in self._micro_batches(mb, batch.attention_mask):
-                    weight = _share(batch.loss_mask[micro], batch.loss_mask[mb], self.rl.loss_agg)
-                    loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy if epoch == 0 else None)
-                    (weight * loss).backward()
-                    for key in ("loss", "pg", "kl", "ent", "clip"):
-                        totals[key] += weight * terms[key]
-                    kl_max = max(kl_max, terms["kl_max"])
+                mb_max = self._accumulate(batch, order[start : start + size], kl_coef, totals,
+                                          sample_entropy if epoch == 0 else None)
+                kl_max = max(kl_max, mb_max)
+                if self.ranks is not None:
+                    self.ranks.sum_grads([p for p in model.parameters() if p.requires_grad])
                 gn = torch.nn.utils.clip_grad_norm_(model.parameters(), self.train_cfg.max_grad_norm)
                 self.opt.step()
                 self.sched.step()
@@ -158,12 +166,41 @@ class Learner:
                 steps += 1
                 totals["gn"] += float(gn)
         model.eval()
+        if self.ranks is not None:
+            kl_max = self.ranks.sum_stats(totals, kl_max, sample_entropy)
+            self.ranks.check_same([p for p in model.parameters() if p.requires_grad])
         return UpdateStats(
             loss=totals["loss"] / steps, pg_loss=totals["pg"] / steps, kl_mean=totals["kl"] / steps, kl_max=kl_max,
             entropy=totals["ent"] / steps, clip_frac=totals["clip"] / steps, grad_norm=totals["gn"] / steps,
             lr=self.sched.get_last_lr()[0], optimizer_steps=steps, sample_entropy=sample_entropy.tolist(),
             offpolicy=offpolicy_stats(batch, self.is_cap),
         )
+
+    def _accumulate(self, batch: Batch, mb: torch.Tensor, kl_coef: float, totals: dict[str, float],
+                    sample_entropy: torch.Tensor | None) -> float:
+        """The minibatch `mb`'s gradient (this rank's share of it, with data-parallel ranks) and
+        weighted loss terms added to `totals`; returns its largest token KL. Gradient accumulation:
+        each micro-batch's loss is weighted by its share of the minibatch's aggregation
+        denominator, so the summed gradient is the minibatch's."""
+        rows, kl_max = mb if self.ranks is None else self.ranks.share(mb), 0.0
+        for micro in self._micro_batches(rows, batch.attention_mask) if len(rows) else []:
+            weight = _share(batch.loss_mask[micro], batch.loss_mask[mb], self.rl.loss_agg)
+            loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy)
+            (weight * loss).backward()
+            for key in ("loss", "pg", "kl", "ent", "clip"):
+                totals[key] += weight * terms[key]
+            kl_max = max(kl_max, terms["kl_max"])
+        return kl_max
+
+    def state_loaded(self) -> None:
+        """A checkpoint's state was loaded into the policy and optimiser: the other data-parallel
+        ranks get it before the next update."""
+        if self.ranks is not None:
+            self.ranks.pending_state = True
+
+    def close(self) -> None:
+        if self.ranks is not None:
+            self.ranks.close()
 
     def _micro_batches(self, mb: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         return micro_batches(mb, attention_mask, self.micro_batch_size, self.train_cfg.max_tokens_per_microbatch,

@@ -1,0 +1,289 @@
+"""A data-parallel learner: `train.learners: N` ranks of torch.distributed (gloo on CPU, NCCL on CUDA).
+
+    trainer process = rank 0                                 learner process r = 1 .. N-1
+    Learner.update(batch, kl_coef, generator)                learner_main: waits on its pipe
+      Ranks.begin: pipe <- (batch, kl_coef, generator) ----> Learner.update(batch, ...): the same call
+      each minibatch: its rows split N ways (tensor_split), this rank's share forward + backward
+      all_reduce(gradients, SUM) <-------------------------> all_reduce(gradients, SUM)
+      clip, optimizer step: the same gradients and state on every rank, so the same parameters
+      all_reduce(loss terms, per-row entropy; kl max: MAX) -> rank 0's UpdateStats
+
+Why the sum is the minibatch's gradient: each micro-batch's loss is weighted by its share of the
+minibatch's aggregation denominator (token-mean: its tokens over the minibatch's tokens), counted
+on the whole minibatch, which every rank holds; the weighted losses of all ranks therefore add up
+to the minibatch's loss, and their gradients to its gradient. One learner's result, up to the
+order of float additions. Only the update is split: rank 0 builds the batch (reference and
+proximal log-probs, advantages) as with one learner and sends it whole to every rank.
+
+State: every rank loads the run's model from its path (LoRA adapters added as in the trainer)
+and makes a fresh optimiser; rank 0 sends the model's, optimiser's and scheduler's state with the
+first update and again after every checkpoint load (resume, rollback: `Learner.state_loaded`), and
+from there every rank takes the same steps.
+Checkpoints are written by rank 0 alone. Threads: each rank updates with 1/N of the trainer's
+torch threads (rank 0 only during the update; it samples and builds batches with all of them).
+
+Faults: rank 0 looks at the ranks at each step's start (`dead`; `Run.check_learners` then writes a
+checkpoint and stops with one line). A rank that dies during an update fails the collective at
+once (gloo: connection closed by peer), one that hangs fails it after `train.learner_timeout_s`;
+the run stops with one line naming the newest checkpoint (the update was half done, so no
+checkpoint of it). A rank whose trainer has gone exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from postrl.config import Config
+from postrl.errors import UserError
+from postrl.extensions import load as load_extensions
+from postrl.faults import crash_point
+from postrl.policy.device import model_device
+from postrl.policy.lora import apply_lora
+from postrl.policy.model import load_model
+from postrl.policy.policy import Policy
+from postrl.records import Batch
+
+_START = datetime.timedelta(seconds=600)
+"""Longest wait for the ranks to start (import, load the model) and connect."""
+
+
+class Ranks:
+    """What `Learner.update` needs on any rank: its share of the rows and the reductions. On rank 0
+    it also holds the other ranks (`peers`) and sends them each update."""
+
+    def __init__(self, rank: int, world: int, group, threads: int, peers: list | None = None, where: str = ""):
+        self.rank, self.world, self.group, self.threads = rank, world, group, threads
+        self.peers = peers or []
+        """Rank 0: (process, order queue) of ranks 1..N-1. A put never blocks (a feeder thread
+        writes the pipe), so a rank that hangs fails the collective after the timeout instead of
+        holding up rank 0 here."""
+        self.where = where
+        """Rank 0: the run directory, for the message that tells how to resume."""
+        self.pending_state = False
+        """Rank 0: a checkpoint was loaded; the other ranks get its state before the next update."""
+        self._threads_before = 0
+
+    # -- rank 0
+    def begin(self, learner, batch: Batch, kl_coef: float, generator: torch.Generator) -> None:
+        """Rank 0: send the update (and, first, any state loaded since the last one) to every rank."""
+        if self.rank != 0:
+            return
+        messages = []
+        if self.pending_state:
+            messages.append(("state", *_cpu((learner.policy.model.state_dict(), learner.opt.state_dict(),
+                                               learner.sched.state_dict())), learner.policy.version))
+            self.pending_state = False
+        messages.append(("update", _batch_to(batch, "cpu"), kl_coef, generator.get_state()))
+        messages = [pickle.dumps(m) for m in messages]  # now: the optimiser's state changes in place below
+        for _, orders in self.peers:
+            for m in messages:
+                orders.put(m)
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+
+    def end(self) -> None:
+        if self.rank == 0 and self._threads_before:
+            torch.set_num_threads(self._threads_before)
+
+    def dead(self) -> list[tuple[int, int | None]]:
+        """(rank, exit code) of every rank that is not running."""
+        return [(r, p.exitcode) for r, (p, _) in enumerate(self.peers, start=1) if not p.is_alive()]
+
+    def close(self) -> None:
+        for _, orders in self.peers:
+            orders.put(None)
+        for process, orders in self.peers:
+            orders.cancel_join_thread()  # a dead rank never reads what is left: do not wait on it at exit
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+        self.peers = []
+
+    # -- every rank
+    def share(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous share of a minibatch's rows (empty when there are fewer rows than ranks)."""
+        return rows.tensor_split(self.world)[self.rank]
+
+    def sum_grads(self, params: list[torch.Tensor]) -> None:
+        """Every rank's gradients summed into each `params`' .grad (a missing one counts as zeros):
+        one all-reduce per dtype over a flat buffer."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            by_dtype.setdefault(p.grad.dtype, []).append(p)
+        for group in by_dtype.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in group])
+            self._all_reduce(flat, dist.ReduceOp.SUM)
+            for p, g in zip(group, flat.split([p.numel() for p in group])):
+                p.grad.copy_(g.view_as(p.grad))
+
+    def sum_stats(self, totals: dict[str, float], kl_max: float, sample_entropy: torch.Tensor) -> float:
+        """Loss terms summed into `totals` (not the gradient norm "gn": every rank has the same), each
+        row's entropy into `sample_entropy` (each row is one rank's), and the largest KL, returned."""
+        keys = sorted(k for k in totals if k != "gn")
+        flat = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=sample_entropy.device)
+        self._all_reduce(flat, dist.ReduceOp.SUM)
+        totals.update(zip(keys, flat.tolist()))
+        self._all_reduce(sample_entropy, dist.ReduceOp.SUM)
+        top = torch.tensor([kl_max], dtype=torch.float64, device=sample_entropy.device)
+        self._all_reduce(top, dist.ReduceOp.MAX)
+        return float(top)
+
+    def check_same(self, params: list[torch.Tensor]) -> None:
+        """Every rank holds the same `params` (a float64 sum of each, compared by MAX and MIN):
+        the invariant of data parallelism, checked after every update."""
+        digest = torch.stack([p.detach().double().sum() for p in params])
+        low, high = -digest, digest.clone()
+        self._all_reduce(low, dist.ReduceOp.MAX)
+        self._all_reduce(high, dist.ReduceOp.MAX)
+        if not torch.equal(-low, high):
+            raise RuntimeError(f"learner rank {self.rank}: the ranks' parameters differ after the update "
+                               f"({int((-low != high).sum())} of {len(params)} tensors)")
+
+    def _all_reduce(self, tensor: torch.Tensor, op) -> None:
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        try:
+            self.group.allreduce([tensor], options).wait()
+        except RuntimeError as e:  # a rank died (connection closed) or hung (timeout)
+            if self.rank != 0:
+                raise
+            reason = (str(e).splitlines() or [type(e).__name__])[0]
+            raise self._lost(f"the collective failed: {reason[:300]}") from None
+
+    def _lost(self, why: str) -> UserError:
+        for process, _ in self.peers:
+            process.join(timeout=2)  # a rank that just died: its exit code
+        dead = ", ".join(f"rank {r} (exit code {code})" for r, code in self.dead()) or "a learner rank"
+        self.close()
+        return UserError(f"{dead} stopped during the update; {why}. The update was not finished, so the "
+                         f"newest checkpoint is where the run continues: postrl train --resume {self.where}")
+
+
+def start_learners(learner, cfg: Config, model_path: str, run_dir, log=print) -> Ranks:
+    """Start ranks 1..N-1 for `learner` (rank 0, in this process), each loading the model at
+    `model_path` (the run's `model.name`, resolved), and connect them; sets `learner.ranks`."""
+    world, device = cfg.train.learners, model_device(learner.policy.model)
+    if device.type == "cuda" and torch.cuda.device_count() < world:
+        raise UserError(f"train.learners {world}: needs {world} CUDA devices, {torch.cuda.device_count()} found")
+    timeout = datetime.timedelta(seconds=cfg.train.learner_timeout_s)
+    store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=_START, wait_for_workers=False)
+    threads = max(1, torch.get_num_threads() // world)
+    ctx = mp.get_context("spawn")
+    peers = []
+    for rank in range(1, world):
+        orders = ctx.Queue()
+        rank_device = f"cuda:{rank}" if device.type == "cuda" else str(device)
+        process = ctx.Process(target=learner_main, name=f"postrl-learner-{rank}", daemon=True,
+                              args=(rank, world, store.port, model_path, cfg, threads, rank_device, orders,
+                                    os.getpid()))
+        process.start()
+        peers.append((process, orders))
+    _wait_ready(store, peers)
+    group = _process_group(store, 0, world, device, timeout)
+    learner.ranks = Ranks(0, world, group, threads, peers, where=str(run_dir))
+    learner.ranks.pending_state = True  # LoRA's adapters start random: every rank takes rank 0's
+    log(f"learner: {world} data-parallel ranks ({'nccl' if device.type == 'cuda' else 'gloo'}, "
+        f"{threads} torch threads each during the update)")
+    return learner.ranks
+
+
+def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config, threads: int, device: str,
+                 orders, parent: int) -> None:
+    """A learner rank: the trainer's updates, until it sends None or is gone."""
+    from postrl.policy.update import Learner  # the module that imports this one
+
+    load_extensions(cfg.imports)
+    torch.set_num_threads(threads)
+    timeout = datetime.timedelta(seconds=cfg.train.learner_timeout_s)
+    store = dist.TCPStore("127.0.0.1", port, world, False, timeout=_START)
+    model, tok = load_model(model_path, cfg.model.dtype, log=lambda *a: None)
+    model = apply_lora(model, cfg.model.lora).to(device)
+    learner = Learner(Policy(model, tok), None, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap)
+    store.set(f"ready/{rank}", "1")  # loaded: the group forms now, and its collectives wait `timeout` at most
+    learner.ranks = Ranks(rank, world, _process_group(store, rank, world, torch.device(device), timeout), threads)
+    try:
+        while (msg := _next(orders, parent)) is not None:
+            msg = pickle.loads(msg)
+            if msg[0] == "state":
+                _, model_state, opt_state, sched_state, version = msg
+                learner.policy.model.load_state_dict(model_state)
+                learner.opt.load_state_dict(opt_state)
+                learner.sched.load_state_dict(sched_state)
+                learner.policy.version = version
+            else:
+                _, batch, kl_coef, generator_state = msg
+                crash_point("learner.update")  # recovery tests: a rank dies with an update in hand
+                generator = torch.Generator()
+                generator.set_state(generator_state)
+                learner.update(_batch_to(batch, device), kl_coef, generator)
+    except Exception:
+        traceback.print_exc()  # rank 0 sees the failed collective and says which rank stopped
+        raise SystemExit(1) from None
+
+
+def _wait_ready(store, peers: list) -> None:
+    """Until every rank has loaded its model (each sets ready/<rank>), or one has died starting."""
+    keys = [f"ready/{r}" for r in range(1, len(peers) + 1)]
+    deadline = time.monotonic() + _START.total_seconds()
+    while not store.check(keys):
+        dead = [(r, p.exitcode) for r, (p, _) in enumerate(peers, start=1) if not p.is_alive()]
+        if dead or time.monotonic() > deadline:
+            for p, _ in peers:
+                p.kill()
+            what = ", ".join(f"rank {r} exited with code {code}" for r, code in dead) or \
+                f"not all ranks started within {_START.total_seconds():.0f} s"
+            raise UserError(f"train.learners {len(peers) + 1}: the learner ranks did not start: {what} "
+                            f"(its error is printed above)")
+        time.sleep(0.05)
+
+
+def _process_group(store, rank: int, world: int, device: torch.device, timeout: datetime.timedelta):
+    """A process group of its own (not torch.distributed's default one): a run in a process that
+    has another group, or several runs one after another in one process, do not meet."""
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        torch.cuda.set_device(device)
+        return dist.ProcessGroupNCCL(store, rank, world, options)
+    return dist.ProcessGroupGloo(store, rank, world, timeout)
+
+
+def _next(orders, parent: int):
+    """The next message, or None when told to stop or the trainer has gone."""
+    while True:
+        try:
+            return orders.get(timeout=5.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
+        except (EOFError, OSError):
+            return None
+
+
+def _batch_to(batch: Batch, device) -> Batch:
+    return Batch(**{f.name: None if (t := getattr(batch, f.name)) is None else t.to(device)
+                    for f in dataclasses.fields(batch)})
+
+
+def _cpu(obj):
+    """`obj` with every tensor in it copied to the CPU (it goes through a pipe)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu(v) for v in obj)
+    return obj
+
