@@ -263,6 +263,12 @@ class PipelineConfig:
     One step is ppo_epochs x minibatches optimiser updates (policy.version counts those)."""
     is_cap: float = 2.0
     """Truncation of the importance weight pi_prox / pi_behav on stale batches (decoupled PPO + TIS)."""
+    proximal: str = "trainer"
+    """The policy a stale batch's trust region is centred on. trainer: the trainer's weights when it
+    takes the batch, from an extra forward pass over the stale rows (decoupled PPO, AReaL), times
+    the truncated weight pi_prox / pi_behav; behaviour: the sampling weights' own log-probs, as
+    plain PPO does over its epochs (no extra pass; the ratio pi / pi_behav is the importance weight,
+    clipped). The same at staleness 0."""
     source: str = ""
     """Where batches come from: '' samples live; 'replay:RUN_DIR' trains on a stored run's rollouts."""
     samplers: int = 0
@@ -590,6 +596,8 @@ def validate_pipeline(cfg: Config) -> None:
     if r.max_sandbox_actors < r.sandbox_actors:
         raise ConfigError(f"config key 'ray.max_sandbox_actors' = {r.max_sandbox_actors}: must be >= "
                           f"ray.sandbox_actors ({r.sandbox_actors})")
+    if p.proximal not in ("trainer", "behaviour"):
+        raise ConfigError(f"config key 'pipeline.proximal' = {p.proximal!r}: expected trainer or behaviour")
     if p.reference not in ("sampler", "learner"):
         raise ConfigError(f"config key 'pipeline.reference' = {p.reference!r}: expected sampler or learner")
     if p.samplers and (cfg.engine != "local" or p.source):

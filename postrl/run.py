@@ -222,7 +222,8 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     weights = {name: d.weight for name, d in cfg.domains.items()}
     run = Run(
         cfg=cfg, dir=run_dir, domains=domains, policy=policy,
-        learner=Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap),
+        learner=Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
+                        proximal=cfg.pipeline.proximal),
         sampler=TaskSampler(domains, cfg.seed),
         schedule=make_schedule(cfg.curriculum, weights, {n: list(d.levels) for n, d in domains.items()}),
         kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon),

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from postrl.algo.losses import ppo_clip, truncated_is_weight
 from postrl.config import load_config
+from postrl.errors import ConfigError
 from postrl.engines import pipeline
 from postrl.loop import train
 from postrl.policy.update import Learner, offpolicy_stats
@@ -111,6 +112,26 @@ def test_learner_computes_proximal_logprobs_only_for_stale_rows(tiny_model_dir):
     m = batch.loss_mask[:2].bool()
     assert torch.allclose(batch.prox_logprobs[:2][m], batch.old_logprobs[:2][m], atol=1e-4)
     assert torch.all(batch.prox_logprobs[:2][~m] == 0)
+    # pipeline.proximal: behaviour: no extra pass, plain PPO around the sampling weights
+    behaviour = Learner(policy, None, cfg.train, cfg.rl, cfg.model, proximal="behaviour")
+    assert behaviour.build_batch(samples, 0.0).prox_logprobs is None
+
+
+def test_behaviour_proximal_run_trains_without_the_extra_pass(tiny_model_dir, tmp_path, monkeypatch):
+    passes, original = [], Learner._proximal_logprobs
+
+    def counted(self, *args):
+        passes.append(original(self, *args))
+        return passes[-1]
+
+    monkeypatch.setattr(Learner, "_proximal_logprobs", counted)
+    run = run_train(tiny_model_dir, tmp_path / "b", "train.total_steps=3", "pipeline.max_staleness=1",
+                    "pipeline.proximal=behaviour")
+    assert len(passes) == 3 and all(p is None for p in passes)
+    assert all(not any(k.startswith("offpolicy/") for k in m) for m in metrics(run))
+    assert max(m["staleness/max"] for m in metrics(run)) == 1  # the batches were stale
+    with pytest.raises(ConfigError, match="pipeline.proximal"):
+        load_config("recipes/default.yaml", ["pipeline.proximal=prox"])
 
 
 # ---------------------------------------------------------------------------- the pipeline in the loop

@@ -210,7 +210,8 @@ def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config,
     store = dist.TCPStore("127.0.0.1", port, world, False, timeout=_START)
     model, tok = load_model(model_path, cfg.model.dtype, log=lambda *a: None)
     model = apply_lora(model, cfg.model.lora).to(device)
-    learner = Learner(Policy(model, tok), None, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap)
+    learner = Learner(Policy(model, tok), None, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
+                      proximal=cfg.pipeline.proximal)
     store.set(f"ready/{rank}", "1")  # loaded: the group forms now, and its collectives wait `timeout` at most
     learner.ranks = Ranks(rank, world, _process_group(store, rank, world, torch.device(device), timeout), threads)
     try:

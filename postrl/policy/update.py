@@ -51,10 +51,12 @@ class UpdateStats:
 
 class Learner:
     def __init__(self, policy: Policy, ref_model, train: TrainConfig, rl: RLConfig,
-                 model_cfg: ModelConfig | None = None, is_cap: float = 2.0):
+                 model_cfg: ModelConfig | None = None, is_cap: float = 2.0, proximal: str = "trainer"):
         self.policy, self.ref_model, self.train_cfg, self.rl = policy, ref_model, train, rl
         self.is_cap = is_cap
         """Truncation of the behaviour->proximal importance weight on stale batches."""
+        self.proximal = proximal
+        """`pipeline.proximal`: trainer (decoupled PPO: an extra pass on stale rows) or behaviour."""
         model_cfg = model_cfg or ModelConfig()
         self.micro_batch_size = model_cfg.micro_batch_size
         self.chunk_mib = model_cfg.logits_chunk_mib
@@ -117,11 +119,12 @@ class Learner:
     @torch.no_grad()
     def _proximal_logprobs(self, samples, ids, attn, loss_mask, old, temps) -> torch.Tensor | None:
         """The trainer's own log-probs on rows sampled by older weights (asynchronous pipeline);
-        None when every row is on-policy, so the synchronous loss is unchanged bit for bit.
+        None when every row is on-policy, so the synchronous loss is unchanged bit for bit, and
+        with `pipeline.proximal: behaviour` (plain PPO around the sampling weights).
         Fresh rows keep their behaviour log-probs: there the two policies are the same weights,
         and the sampler's numerics define the trust region as in the synchronous loop."""
         stale = torch.tensor([s.policy_version != self.policy.version for s in samples], device=self.device)
-        if not stale.any():
+        if not stale.any() or self.proximal == "behaviour":
             return None
         return self._logprobs(self.forward_model, stale.nonzero().flatten(), ids, attn, loss_mask, temps,
                               out=old.clone())
