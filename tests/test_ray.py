@@ -206,3 +206,48 @@ def test_a_ray_run_resumes_bitwise(tiny_model_dir, tmp_path):
     rows = [{k: v for k, v in vars(r).items() if k != "timings"} for r in read_rows(resumed)]
     assert rows == [{k: v for k, v in vars(r).items() if k != "timings"} for r in read_rows(reference)]
     assert sorted({r["step"] for r in rows}) == [0, 1, 2, 3]
+
+
+def test_a_killed_async_ray_run_resumes_bitwise(tiny_model_dir, tmp_path):
+    """An asynchronous Ray-engine run (staleness 1) SIGKILLed after its step-2 checkpoint, with
+    step 3's order in flight on the rollout actor, and resumed with `postrl train --resume`, ends
+    with the weights and rollouts of the same run trained here without a break. The killed and
+    resumed drivers are `postrl train` processes with this process's torch threads that join this
+    module's cluster through `ray.address` (a driver that started its own Ray and was killed would
+    leave Ray processes behind); the killed one's actors die with it, and every CPU of the cluster
+    is free again at the end."""
+    import os
+    import subprocess
+    import sys
+
+    def postrl(*args, crash_at=""):
+        env = {**os.environ, "POSTRL_CRASH_AT": crash_at}  # with the cluster's RAY_AUTH_TOKEN and RAY_AUTH_MODE
+        return subprocess.run([sys.executable, "-m", "postrl", "train", *args], env=env, capture_output=True, text=True)
+
+    extra = ["engine=ray", "train.total_steps=4", "checkpoint.every_steps=2"]  # ARGS: max_staleness 1
+    whole = run_train(tiny_model_dir, tmp_path / "whole", *extra)
+    address, threads = ray.get_runtime_context().gcs_address, torch.get_num_threads()
+    cut = postrl("recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'cut'}", *ARGS, *extra,
+                 f"ray.address={address}", f"run.threads={threads}", crash_at="step.stored:3")  # step 2 stored
+    assert cut.returncode == -9, cut.stderr[-2000:]
+    state = torch.load(tmp_path / "cut" / "checkpoints" / "step_00000002" / "state.pt", weights_only=False)
+    assert sorted(state["pipeline"]["done"]) == [2]  # the order in flight at the checkpoint, drained into it
+    first_shard = tmp_path / "cut" / "rollouts" / "step_00000000.parquet"
+    written = first_shard.stat().st_mtime_ns
+    resumed = postrl("--resume", str(tmp_path / "cut"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert first_shard.stat().st_mtime_ns == written  # continued from the checkpoint, not trained again
+
+    want = load_file(whole / "final" / "model.safetensors")
+    got = load_file(tmp_path / "cut" / "final" / "model.safetensors")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    rows = [{k: v for k, v in vars(r).items() if k != "timings"} for r in read_rows(tmp_path / "cut")]
+    assert rows == [{k: v for k, v in vars(r).items() if k != "timings"} for r in read_rows(whole)]
+    assert len({(r["step"], r["sample"]) for r in rows}) == len(rows) == 4 * 16  # none lost, none twice
+    lines = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert [m["staleness/max"] for m in lines] == [0, 1, 1, 1]  # each batch from the weights of a step before
+
+    deadline = time.time() + 30  # Ray frees a dead driver's actors' CPUs within a second or so
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
