@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from postrl.algo.losses import ppo_clip, truncated_is_weight
 from postrl.config import load_config
-from postrl.errors import ConfigError
 from postrl.engines import pipeline
+from postrl.errors import ConfigError
 from postrl.loop import train
 from postrl.policy.update import Learner, offpolicy_stats
 from postrl.records import Batch

@@ -114,3 +114,39 @@ def test_shared_weights_are_a_frozen_copy():
     got = shared.state_dict()
     assert torch.equal(got["a"], torch.arange(6.0).view(2, 3)) and got["b"].dtype == torch.bfloat16
     assert len(shared.buffers) == 2 and all(b.is_shared() for b in shared.buffers.values())
+
+
+def test_weights_go_into_a_buffer_no_order_reads_and_orders_in_flight_keep_theirs(tiny_model_dir, tmp_path):
+    """Once per version the trainer copies its weights into shared memory: into a buffer set of
+    an earlier version that no order in flight reads, else into a new one. At staleness 2 three
+    versions can be in flight at once, so three sets are made, and then reused, and every order in
+    flight still reads the weights of the moment it was submitted."""
+    from postrl.config import load_config
+    from postrl.run import open_run
+
+    cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'r'}",
+                                               "pipeline.max_staleness=2", "pipeline.samplers=1", *ONE_THREAD])
+    run = open_run(cfg, log=lambda *a: None)
+    engine, policy = run.engine, run.policy
+    submitted, made = {}, []
+    try:
+        for step in range(8):
+            for ahead in engine.to_submit(step):
+                tasks = run.sampler.next_batch(cfg.train.prompts_per_step, run.schedule.weights, run.schedule.task_weight)
+                engine.submit(ahead, tasks)
+                submitted[ahead] = (policy.version, {k: v.clone() for k, v in policy.model.state_dict().items()})
+            with engine._cond:
+                flights = {k[0]: f.order.weights for k, f in engine._flights.items()}
+            for q, shared in flights.items():
+                version, state = submitted[q]
+                got = shared.state_dict()
+                assert shared.version == version and all(torch.equal(got[k], v) for k, v in state.items())
+            made.append(len(engine._buffers))
+            engine.take(step)
+            with torch.no_grad():  # a stand-in for the step's update: new weights, a new version
+                next(policy.model.parameters()).add_(1.0)
+            policy.version += 1
+        assert made[-1] == made[3] == 3  # the versions in flight at once; reused from then on
+    finally:
+        run.engine.close()
+        run.sinks.close()

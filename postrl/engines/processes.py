@@ -16,7 +16,8 @@ depends on which process samples it or when, so K = 0 equals the synchronous loo
 Weights: once per policy version the trainer copies its state dict into one flat shared-memory
 buffer per dtype (`publish`); a sampler gets the buffer's handle (no copy through the pipe) before
 the first order that needs it, and copies it into its model. Orders in flight keep their version's
-buffer alive; the trainer's in-place updates never touch it.
+buffer; the trainer's in-place updates never touch it, and a later version is written into a
+buffer no order in flight reads (making new shared memory costs more than the copy).
 
 Scoring stays in the trainer's process (a `LocalScorer` thread): verifiers, sandbox pools,
 reward models and Python reward callables exist once, as in the synchronous loop. A domain that
@@ -89,14 +90,17 @@ class SharedWeights:
         return out
 
 
-def publish(state: dict[str, torch.Tensor], version: int) -> SharedWeights:
-    """A frozen shared-memory copy of `state` (CPU): later in-place updates do not reach it."""
+def publish(state: dict[str, torch.Tensor], version: int,
+            into: dict[torch.dtype, torch.Tensor] | None = None) -> SharedWeights:
+    """A frozen shared-memory copy of `state`: later in-place updates do not reach it. `into`: the
+    buffers of an earlier copy of the same state dict that nobody reads any more, written over
+    instead of allocating new shared memory (which costs more than the copy)."""
     sizes: dict[torch.dtype, int] = {}
     layout = []
     for name, t in state.items():
         layout.append((name, t.dtype, sizes.get(t.dtype, 0), tuple(t.shape)))
         sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
-    buffers = {dtype: torch.empty(n, dtype=dtype).share_memory_() for dtype, n in sizes.items()}
+    buffers = into or {dtype: torch.empty(n, dtype=dtype).share_memory_() for dtype, n in sizes.items()}
     shared = SharedWeights(version, buffers, layout)
     with torch.no_grad():
         for t, view in zip(state.values(), shared.state_dict().values()):
@@ -213,6 +217,8 @@ class ProcessEngine(Pipeline):
         self._flights: dict[tuple[int, int], Flight] = {}
         self._attempts = itertools.count(1)
         self._published: SharedWeights | None = None
+        self._buffers: list[dict[torch.dtype, torch.Tensor]] = []
+        """Every shared-memory buffer set made so far; one that no order in flight reads is reused."""
         self.restarts = 0
         self.reference_s = 0.0
         """Seconds of the samplers' reference passes in the orders taken since the last metrics()."""
@@ -241,11 +247,17 @@ class ProcessEngine(Pipeline):
         return order.key
 
     def _publish(self) -> SharedWeights:
-        """The trainer's weights in shared memory, once per policy version."""
+        """The trainer's weights in shared memory, once per policy version, in a buffer set that no
+        order in flight reads (a sampler reads an order's weights before it runs the order, and
+        a sampler started again reads them again), else in a new one."""
         version = self.policy.version
         if self._published is None or self._published.version != version:
-            state = {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
-            self._published = publish(state, version)
+            with self._cond:
+                in_use = {id(f.order.weights.buffers) for f in self._flights.values()}
+            spare = next((b for b in self._buffers if id(b) not in in_use), None)
+            self._published = publish(self.policy.model.state_dict(), version, into=spare)
+            if spare is None:
+                self._buffers.append(self._published.buffers)
         return self._published
 
     def _send(self, flight: Flight) -> None:
