@@ -43,7 +43,6 @@ from __future__ import annotations
 import copy
 import itertools
 import os
-import queue
 import threading
 import time
 import traceback
@@ -57,6 +56,7 @@ from postrl.config import Config
 from postrl.engines.pipeline import LocalScorer, Order, Pending, Pipeline, Rollout, generate, reward_terms
 from postrl.extensions import load as load_extensions
 from postrl.policy.device import model_device
+from postrl.policy.distributed import next_order
 from postrl.policy.lora import make_reference
 from postrl.policy.policy import Policy
 from postrl.policy.update import reference_logprobs
@@ -125,8 +125,8 @@ def sampler_main(model, tok, max_batch: int, cfg: Config, threads: int, device: 
         from postrl.tasks.catalog import build_domains
 
         envs = build_domains(cfg)
-    loaded = None
-    while (msg := _next(orders)) is not None:
+    loaded, parent = None, os.getppid()
+    while (msg := next_order(orders, parent)) is not None:
         if msg[0] == "weights":
             policy.model.load_state_dict(msg[1].state_dict())
             loaded = msg[1].version
@@ -152,19 +152,6 @@ def sampler_main(model, tok, max_batch: int, cfg: Config, threads: int, device: 
             results.send(("done", attempt, [sent[id(s)] for s in samples], start, end, ref, ref_s))
         except Exception:
             results.send(("error", attempt, traceback.format_exc()))
-
-
-def _next(orders):
-    """The next message, or None when told to stop or the trainer process has gone."""
-    parent = os.getppid()
-    while True:
-        try:
-            return orders.get(timeout=5.0)
-        except queue.Empty:
-            if os.getppid() != parent:
-                return None
-        except (EOFError, OSError):
-            return None
 
 
 # ---------------------------------------------------------------------------- the trainer's side

@@ -215,7 +215,7 @@ def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config,
     store.set(f"ready/{rank}", "1")  # loaded: the group forms now, and its collectives wait `timeout` at most
     learner.ranks = Ranks(rank, world, _process_group(store, rank, world, torch.device(device), timeout), threads)
     try:
-        while (msg := _next(orders, parent)) is not None:
+        while (msg := next_order(orders, parent)) is not None:
             msg = pickle.loads(msg)
             if msg[0] == "state":
                 _, model_state, opt_state, sched_state, version = msg
@@ -261,8 +261,9 @@ def _process_group(store, rank: int, world: int, device: torch.device, timeout: 
     return dist.ProcessGroupGloo(store, rank, world, timeout)
 
 
-def _next(orders, parent: int):
-    """The next message, or None when told to stop or the trainer has gone."""
+def next_order(orders, parent: int):
+    """The next message from the trainer's queue, or None when told to stop or the trainer
+    (process `parent`) has gone: what a learner rank and a sampler process wait on."""
     while True:
         try:
             return orders.get(timeout=5.0)
