@@ -299,32 +299,28 @@ def reference_logprobs(ref_model, samples: list[Sample], pad_id: int, train: Tra
 def _padded_rows(samples: list[Sample], pad: int):
     """Right-padded prompt+completion rows on the CPU: ids, attention [B, T]; loss mask and
     behaviour log-probs [B, T-1], where position t predicts token t+1 (the mask is 0 on the
-    observation tokens of multi-turn samples, `Sample.loss_mask`)."""
+    observation tokens of multi-turn samples, `Sample.loss_mask`). Rows are padded as lists and
+    made into each tensor in one call: a slice assignment per row costs more than the row."""
     rows = [s.prompt_ids + s.completion_ids for s in samples]
     width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad, dtype=torch.long, device="cpu")
-    attn = torch.zeros((len(rows), width), dtype=torch.long, device="cpu")
-    loss_mask = torch.zeros((len(rows), width - 1), device="cpu")
-    old = torch.zeros((len(rows), width - 1), device="cpu")
-    for i, (s, row) in enumerate(zip(samples, rows)):
-        ids[i, : len(row)] = torch.tensor(row, device="cpu")
-        attn[i, : len(row)] = 1
-        start, n = len(s.prompt_ids) - 1, len(s.completion_ids)
-        # a multi-turn episode's observation tokens (tool results, feedback) are context, not
-        # actions: masked out of the loss and the KL like the prompt
-        loss_mask[i, start : start + n] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, device="cpu")
-        old[i, start : start + n] = torch.tensor(s.logprobs, device="cpu")
+    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=torch.long)
+    attn = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows], dtype=torch.long)
+    # a multi-turn episode's observation tokens (tool results, feedback) are context, not
+    # actions: masked out of the loss and the KL like the prompt
+    masks = [[1.0] * len(s.completion_ids) if s.loss_mask is None else s.loss_mask for s in samples]
+    loss_mask = _completion_rows(samples, masks, width - 1)
+    old = _completion_rows(samples, [s.logprobs for s in samples], width - 1)
     return ids, attn, loss_mask, old
 
 
 def _completion_rows(samples: list[Sample], values: list[list[float]], width: int) -> torch.Tensor:
-    """[B, width] zeros with each sample's per-completion-token values at its completion's positions
-    (as `_padded_rows` places the behaviour log-probs)."""
-    out = torch.zeros((len(samples), width), device="cpu")
-    for i, (s, v) in enumerate(zip(samples, values)):
+    """[B, width] zeros with each sample's per-completion-token values at its completion's
+    positions: position t predicts token t+1, so a completion's values start at len(prompt) - 1."""
+    rows = []
+    for s, v in zip(samples, values):
         start = len(s.prompt_ids) - 1
-        out[i, start : start + len(v)] = torch.tensor(v, device="cpu")
-    return out
+        rows.append([0.0] * start + list(v) + [0.0] * (width - start - len(v)))
+    return torch.tensor(rows, dtype=torch.float32)
 
 
 def offpolicy_stats(batch: Batch, cap: float) -> dict[str, float]:
