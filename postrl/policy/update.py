@@ -303,8 +303,8 @@ def _padded_rows(samples: list[Sample], pad: int):
     made into each tensor in one call: a slice assignment per row costs more than the row."""
     rows = [s.prompt_ids + s.completion_ids for s in samples]
     width = max(map(len, rows))
-    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=torch.long)
-    attn = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows], dtype=torch.long)
+    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=torch.long, device="cpu")
+    attn = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows], dtype=torch.long, device="cpu")
     # a multi-turn episode's observation tokens (tool results, feedback) are context, not
     # actions: masked out of the loss and the KL like the prompt
     masks = [[1.0] * len(s.completion_ids) if s.loss_mask is None else s.loss_mask for s in samples]
@@ -320,7 +320,7 @@ def _completion_rows(samples: list[Sample], values: list[list[float]], width: in
     for s, v in zip(samples, values):
         start = len(s.prompt_ids) - 1
         rows.append([0.0] * start + list(v) + [0.0] * (width - start - len(v)))
-    return torch.tensor(rows, dtype=torch.float32)
+    return torch.tensor(rows, dtype=torch.float32, device="cpu")
 
 
 def offpolicy_stats(batch: Batch, cap: float) -> dict[str, float]:
