@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from gain_common import paired_se  # benchmarks/, on the path when this script runs
 
 from postrl import loop as train_module
 from postrl import run as run_module
@@ -103,6 +103,9 @@ def run_arm(cfg, budget_s: float) -> dict:
     run = runs[0]
     run.engine.close()
     run.sinks.close()
+    if len(ends) < 2:  # the first step carries the start-up; a median needs one more
+        raise SystemExit(f"--budget-s {budget_s:g}: {len(ends)} steps finished within it (start-up included); "
+                         "give every arm more time")
     metrics = [json.loads(x) for x in (run.dir / "metrics.jsonl").read_text().splitlines()]
     return {"step_s": [b - a for a, b in zip([start, *ends], ends)], "metrics": metrics, "reference_s": reference_s,
             "policy": run.policy, "domain": next(iter(run.domains.values()))}
@@ -130,12 +133,6 @@ def summarise(rounds: list[dict], cfg, samples: int) -> dict:
             "completions_per_s": cfg.train.prompts_per_step * cfg.train.samples_per_prompt / sec,
             "sampler_s": sampler_side, "reference_s": statistics.median(reference_s or [0.0]),
             "pass@1": sum(pass_at_k(samples, c, 1) for c in correct) / len(correct), "correct": correct}
-
-
-def paired_se(a: list[int], b: list[int], n: int) -> float:
-    d = [(x - y) / n for x, y in zip(a, b)]
-    mean = sum(d) / len(d)
-    return math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1) / len(d))
 
 
 def sides(sync: dict, reference_on_sampler: bool) -> tuple[float, float]:
@@ -167,17 +164,15 @@ def run_workload(name: str, a, work: str) -> dict:
     return {arm: summarise(rounds[arm], cfgs[arm], a.eval_samples) for arm in ARMS}
 
 
-def report(name: str, results: dict, a) -> float:
+def report(name: str, results: dict, a) -> dict[str, float]:
     """The workload's table; returns each process arm's speedup over the better synchronous arm."""
     best = max(("sync/1t", "sync/2t"), key=lambda k: results[k]["completions_per_s"])
     base = results[best]
-    ceilings = {}
-    for on_sampler in (False, True):
-        # the issue's ceiling: the better synchronous arm's sides, overlapped perfectly
-        s2, l2 = sides(base, on_sampler)
-        # one core per side: each side as long as it takes on one thread (the sync/1t arm's)
-        s1, l1 = sides(results["sync/1t"], on_sampler)
-        ceilings[on_sampler] = (base["sec_per_step"] / max(s2, l2), base["sec_per_step"] / max(s1, l1))
+    # per place of the reference pass: the issue's ceiling (the better synchronous arm's sides,
+    # overlapped perfectly) and the one-core bound (each side as long as sync/1t takes for it)
+    two = {on_sampler: sides(base, on_sampler) for on_sampler in (False, True)}
+    one = {on_sampler: sides(results["sync/1t"], on_sampler) for on_sampler in (False, True)}
+    ceilings = {k: (base["sec_per_step"] / max(two[k]), base["sec_per_step"] / max(one[k])) for k in two}
     print(f"\nworkload {name} ({' '.join(WORKLOADS[name]) or 'the recipe as is'}), {a.budget_s:.0f} s per arm and "
           f"round, {a.rounds} rounds; held-out {a.eval_problems} problems x {a.eval_samples} samples per round")
     print(f"| arm | steps per round | s/step | completions/s | vs {best} | share of ceiling | "
@@ -190,12 +185,11 @@ def report(name: str, results: dict, a) -> float:
             ceiling, one_core = ceilings[arm.startswith("processes")]
             share, bound = f"{speedup / ceiling:.0%}", f"{speedup / one_core:.0%}"
         diff = r["pass@1"] - base["pass@1"]
-        se = paired_se(r["correct"], base["correct"], a.eval_samples)
+        se = paired_se(base, r, a.eval_samples)
         print(f"| {arm} | {r['steps']:.0f} | {r['sec_per_step']:.3f} | {r['completions_per_s']:.0f} | {speedup:.2f}x | "
               f"{share} | {bound} | {r['pass@1']:.3f} ({diff:+.3f}, {2 * se:.3f}) |")
     for on_sampler in (False, True):
-        s2, l2 = sides(base, on_sampler)
-        s1, l1 = sides(results["sync/1t"], on_sampler)
+        (s2, l2), (s1, l1) = two[on_sampler], one[on_sampler]
         print(f"reference pass on the {'sampler' if on_sampler else 'learner'} side: {best} sampler side "
               f"{s2 * 1000:.0f} ms + learner side {l2 * 1000:.0f} ms -> ceiling {ceilings[on_sampler][0]:.2f}x; "
               f"on one thread (sync/1t) {s1 * 1000:.0f} + {l1 * 1000:.0f} ms -> one-core bound "

@@ -68,13 +68,12 @@ def run_arm(cfg) -> dict:
 
 def curve_diff(a: dict, b: dict) -> dict[str, float]:
     """Largest |difference| per metric over the steps, and the first step where any exceeds TOLERANCE."""
-    out, first = {}, None
+    out, over = {}, []
     for key in ("loss", "kl/mean", "reward/mean"):
         diffs = [abs(x[key] - y[key]) for x, y in zip(a["metrics"], b["metrics"], strict=True)]
         out[key] = max(diffs)
-        over = [i for i, d in enumerate(diffs) if d > TOLERANCE]
-        first = min([first, *over[:1]], key=lambda v: 1e9 if v is None else v)
-    out["first_step_over"] = first
+        over += [i for i, d in enumerate(diffs) if d > TOLERANCE]
+    out["first_step_over"] = min(over, default=None)
     return out
 
 

@@ -123,8 +123,10 @@ class Learner:
         with `pipeline.proximal: behaviour` (plain PPO around the sampling weights).
         Fresh rows keep their behaviour log-probs: there the two policies are the same weights,
         and the sampler's numerics define the trust region as in the synchronous loop."""
+        if self.proximal == "behaviour":
+            return None
         stale = torch.tensor([s.policy_version != self.policy.version for s in samples], device=self.device)
-        if not stale.any() or self.proximal == "behaviour":
+        if not stale.any():
             return None
         return self._logprobs(self.forward_model, stale.nonzero().flatten(), ids, attn, loss_mask, temps,
                               out=old.clone())
