@@ -45,10 +45,10 @@ from gain_common import paired_se  # benchmarks/, on the path when this script r
 from postrl import loop as train_module
 from postrl import run as run_module
 from postrl.algo.passk import pass_at_k
+from postrl.builtin_models import resolve_model_path
 from postrl.config import load_config
 from postrl.evaluation import count_correct
-from postrl.models import resolve_model_path
-from postrl.policy import update as update_module
+from postrl.learner import learner as update_module
 
 ARMS = {
     "sync/1t": ["run.threads=1", "pipeline.max_staleness=0"],

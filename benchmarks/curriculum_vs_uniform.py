@@ -38,11 +38,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from postrl.builtin_models import load_model
 from postrl.config import load_config
 from postrl.evaluation import count_correct
 from postrl.loop import train
-from postrl.models import load_model
-from postrl.policy.policy import Policy
+from postrl.sampling.policy import Policy
 from postrl.tasks.catalog import build_domains
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multidomain.yaml"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from postrl.algo.passk import pass_at_k
 from postrl.evaluation import count_correct
-from postrl.policy.policy import Policy
+from postrl.sampling.policy import Policy
 
 
 def measure(policy: Policy, suites: dict, cfg, max_new_tokens: dict[str, int] | None = None) -> dict:

@@ -6,7 +6,7 @@ bf16 matmul peak, postrl's engine against `model.generate`, and the learner/samp
 
 The models are random-initialised from their architectures' configs (written out below: nothing is
 downloaded). This file imports only torch, transformers and postrl's policy package
-(`postrl.policy.rollout`, `.logprobs`, `.precision`), which import nothing else of postrl
+(`postrl.sampling.generate`, `.logprobs`, `.precision`), which import nothing else of postrl
 (tests/test_long_context.py checks it), so it runs on a machine that has its own torch and
 transformers and no package index: copy the repository, run it.
 
@@ -30,9 +30,9 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from postrl.policy.logprobs import token_logprobs
-from postrl.policy.precision import make_optimizer
-from postrl.policy.rollout import GenParams, generate
+from postrl.learner.precision import make_optimizer
+from postrl.model.logprobs import token_logprobs
+from postrl.sampling.generate import GenParams, generate
 
 ARCHITECTURES = {  # the published configs' shapes (HuggingFaceTB/SmolLM2-135M, Qwen/Qwen2.5-0.5B)
     "smollm2-135m": (LlamaConfig, LlamaForCausalLM, dict(

@@ -31,10 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from postrl.builtin_models import resolve_model_path
 from postrl.config import load_config
+from postrl.learner import learner as update_module
 from postrl.loop import train
-from postrl.models import resolve_model_path
-from postrl.policy import update as update_module
 
 ARMS = {
     "1 rank/1t": ["run.threads=1", "train.learners=1"],

@@ -51,8 +51,8 @@ def _load(lora: bool):
     import torch
 
     from postrl.config import LoraConfig
-    from postrl.policy.lora import apply_lora
-    from postrl.policy.model import load_model
+    from postrl.model.load import load_model
+    from postrl.model.lora import apply_lora
 
     model, tok = load_model(MODEL, log=lambda *_: None)
     if lora:
@@ -72,9 +72,9 @@ def arm_postrl(length: int) -> dict:
     import torch
 
     from postrl.config import ModelConfig, RLConfig, TrainConfig
-    from postrl.policy.policy import Policy
-    from postrl.policy.update import Learner
+    from postrl.learner.learner import Learner
     from postrl.records import Batch
+    from postrl.sampling.policy import Policy
 
     model, tok = _load(lora=True)
     ids = _sequence(length, model.config.vocab_size)
@@ -114,7 +114,7 @@ def arm_naive(length: int) -> dict:
 def arm_generate(new_tokens: int) -> dict:
     import torch
 
-    from postrl.policy.rollout import GenParams, generate
+    from postrl.sampling.generate import GenParams, generate
 
     model, tok = _load(lora=False)
     prompt = tok("Write a long story about a lighthouse keeper.")["input_ids"]

@@ -15,15 +15,15 @@ import time
 
 import torch
 
+from postrl.builtin_models import load_model
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
-from postrl.models import load_model
-from postrl.policy.fastlm import FastLM
-from postrl.policy.lora import make_reference
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
-from postrl.policy.update import Learner
+from postrl.learner.learner import Learner
+from postrl.model.fastlm import FastLM
+from postrl.model.lora import make_reference
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 from postrl.seeding import step_generator
 from postrl.tasks.catalog import build_domains
 

@@ -2,12 +2,12 @@
 
     nice .venv/bin/python benchmarks/rm_overoptimization.py [--steps 30] [--out docs/rm-overoptimization.png]
 
-1. The gold rule is the project's own (`postrl.rewards.concise`): a reply that answers right and
+1. The gold rule is the project's own (`postrl.rewards.models.concise`): a reply that answers right and
    stays short beats one that is long, evasive or wrong.
 2. The tiny built-in policy (`tiny-arith`) answers training prompts twice each; the rule labels
    each pair of its own samples (ties dropped): the preference set.
 3. A Bradley-Terry reward model on the same tiny pretrained backbone is trained on those pairs
-   (`postrl.rewards.rm`), and its held-out pairwise accuracy printed.
+   (`postrl.rewards.models.rm`), and its held-out pairwise accuracy printed.
 4. RL (`postrl.train`) with that reward model as the domain's verifier (`verifier: rm:DIR`, the
    proxy), the rule attached as the domain's monitoring-only `gold`, the `proxy_gold` monitor
    watching both (action warn: the run goes on so that the curves show what follows), held-out
@@ -36,17 +36,17 @@ from pathlib import Path
 import torch
 
 import postrl
-from postrl.models import resolve_model_path
+from postrl.builtin_models import resolve_model_path
+from postrl.model.load import load_model
 from postrl.monitor.alerts import read_alerts
-from postrl.policy.model import load_model
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
 from postrl.records import Task
-from postrl.rewards.concise import concise_gold
-from postrl.rewards.preferences import Pair
-from postrl.rewards.rm import RewardModel, train_reward_model
+from postrl.rewards.models.concise import concise_gold
+from postrl.rewards.models.preferences import Pair
+from postrl.rewards.models.rm import RewardModel, train_reward_model
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 
-GOLD = "python:postrl.rewards.concise:concise"
+GOLD = "python:postrl.rewards.models.concise:concise"
 TARGET_STEPS = 3
 
 

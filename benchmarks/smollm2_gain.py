@@ -22,10 +22,10 @@ import time
 
 from gain_common import measure, report  # benchmarks/, on the path when this script runs
 
+from postrl.builtin_models import load_model
 from postrl.config import load_config
 from postrl.loop import train
-from postrl.models import load_model
-from postrl.policy.policy import Policy
+from postrl.sampling.policy import Policy
 from postrl.tasks.catalog import make_domain
 
 SECOND_DOMAIN = ("chat_count", {"levels": [0]})  # held out: half as many problems as the trained domain

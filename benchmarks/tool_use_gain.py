@@ -30,12 +30,12 @@ from pathlib import Path
 
 import torch
 
+from postrl.builtin_models import load_model
 from postrl.config import load_config
 from postrl.evaluation import play
 from postrl.loop import train
-from postrl.models import load_model
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 from postrl.tasks.catalog import build_domains
 
 TARGET_GAIN = 0.30

@@ -24,16 +24,16 @@ import time
 
 import torch
 
+from postrl.builtin_models import load_model, resolve_model_path
 from postrl.config import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
 from postrl.evaluation import evaluate_domain
-from postrl.models import load_model, resolve_model_path
-from postrl.policy.lora import make_reference
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
-from postrl.policy.update import Learner
+from postrl.learner.learner import Learner
+from postrl.model.lora import make_reference
 from postrl.records import Response
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 from postrl.seeding import step_generator
 from postrl.tasks.catalog import build_domains
 

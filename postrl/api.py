@@ -97,9 +97,9 @@ def evaluate(model: str | Path, recipe: Recipe = None, overrides: list[str] = ()
     built-in name) on the recipe's domains and eval-only domains, with their parameters and
     generation limits, as `postrl eval MODEL --recipe RECIPE`; `domains` picks some of them.
     Without a recipe, `domains` are built-in domains with their default parameters."""
+    from postrl.builtin_models import load_model
     from postrl.evaluation import evaluate as evaluate_policy
-    from postrl.models import load_model
-    from postrl.policy.policy import Policy
+    from postrl.sampling.policy import Policy
     from postrl.tasks.catalog import build_domains
 
     cfg = to_config(recipe, overrides, imports)

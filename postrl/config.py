@@ -254,6 +254,9 @@ class RunConfig:
     threads: int = 0
     """torch intra-op threads (0 = torch's default, one per core). For tiny models 1 is as fast
     and far more robust when other processes compete for the cores."""
+    overwrite: bool = False
+    """`postrl train` into a directory that already holds a run: false refuses (resume it with
+    `postrl train --resume DIR`); true moves the old run aside to DIR.old-N, never deletes it."""
 
 
 @dataclass
@@ -282,6 +285,13 @@ class PipelineConfig:
     """With sampler processes, where the reference log-probs (the KL's) are computed: sampler (an
     inference pass after each order, beside generation, off the learner's critical path) or
     learner. In-process engines compute them on the learner."""
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "postrl"
+    """The sampling backend (`postrl.sampling.backends`): postrl (its own batched engine: the fused
+    fast path for Llama-family models, else the model's Hugging Face forward)."""
 
 
 @dataclass
@@ -329,6 +339,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)

@@ -17,11 +17,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from postrl.builtin_models import load_model
 from postrl.config import load_config
 from postrl.evaluation import evaluate
 from postrl.loop import train
-from postrl.models import load_model
-from postrl.policy.policy import Policy
+from postrl.sampling.policy import Policy
 from postrl.seeding import set_threads
 from postrl.tasks.catalog import build_domains
 

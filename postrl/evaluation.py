@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 
 from postrl.algo.passk import pass_at_k
-from postrl.policy.episodes import EpisodeLimits, sample_episodes
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
 from postrl.registry import Registry
+from postrl.sampling.episodes import EpisodeLimits, sample_episodes
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 from postrl.tasks.base import Domain
 from postrl.tasks.env import is_environment
 from postrl.ui import Progress

@@ -14,7 +14,7 @@ name is imported from `sys.path` plus the working directory. Each entry loads on
 Every process of a run loads the same list (absolute paths, as `postrl.config` resolves them):
 the trainer (`load_recipe`, and `postrl.run.open_run` for a `Config` built in Python), the
 verifier pools' workers (this process's list is in the environment they inherit, `POSTRL_IMPORTS`,
-read by `postrl.rewards.worker`), and the Ray actors (`load(cfg.imports)` when they start).
+read by `postrl.rewards.workers.worker`), and the Ray actors (`load(cfg.imports)` when they start).
 This module knows nothing of what the modules register.
 """
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from postrl.policy.chartok import build_char_tokenizer
+from postrl.model.chartok import build_char_tokenizer
 from postrl.tasks import code, mul, sort
 from postrl.tasks.arith import ALPHABET, generate, render, solve
 from postrl.tasks.base import is_heldout

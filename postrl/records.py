@@ -146,7 +146,7 @@ class Sample:
     completion token was sampled (single turn). Filled by the episode runner with the tokens."""
     episode: Episode | None = None
     """The turns of a multi-turn episode (None: a single-turn sample). Filled by the episode runner
-    (`postrl.policy.episodes`), which makes the sample."""
+    (`postrl.sampling.episodes`), which makes the sample."""
     ref_logprobs: list[float] | None = None
     """Reference log-probs of `completion_ids` (0 on observation tokens), when a sampler process
     computed them (`pipeline.reference: sampler`); None = the learner computes them."""

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from postrl.algo.kl_control import FixedKL, make_kl_controller
+from postrl.builtin_models import load_model, resolve_model_path
 from postrl.checkpoint import CheckpointManager
 from postrl.config import Config, generation_limits, save_config
 from postrl.curriculum.dynamic import FillResult
@@ -38,7 +39,10 @@ from postrl.errors import UserError
 from postrl.evaluation import EVAL_AGGREGATES, evaluate
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
-from postrl.models import load_model, resolve_model_path
+from postrl.learner.distributed import start_learners
+from postrl.learner.learner import Learner, UpdateStats
+from postrl.model.device import resolve_device
+from postrl.model.lora import apply_lora, load_policy_weights, make_reference, save_policy
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples
 from postrl.monitor.monitors import MonitorContext, Monitors, build_monitors
 from postrl.monitor.report import REPORT_FILE, write_report
@@ -46,13 +50,9 @@ from postrl.monitor.seesaw import seesaw_alerts
 from postrl.monitor.sinks import MultiSink, make_sinks
 from postrl.monitor.step_metrics import StepTimes, step_metrics
 from postrl.names import check_names
-from postrl.policy.device import resolve_device
-from postrl.policy.distributed import start_learners
-from postrl.policy.lora import apply_lora, load_policy_weights, make_reference, save_policy
-from postrl.policy.policy import Policy
-from postrl.policy.update import Learner, UpdateStats
 from postrl.records import Sample
-from postrl.rewards.reward_check import check_gates
+from postrl.rewards.checks.reward_check import check_gates
+from postrl.sampling.policy import Policy
 from postrl.seeding import seed_everything, set_threads
 from postrl.store.rollouts import RolloutStore
 from postrl.tasks.base import Domain

@@ -13,8 +13,8 @@ import argparse
 import operator
 import re
 
-from postrl.rewards.preferences import load_pairs, split_pairs
-from postrl.rewards.rm import RewardModel
+from postrl.rewards.models.preferences import load_pairs, split_pairs
+from postrl.rewards.models.rm import RewardModel
 
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 

@@ -1,4 +1,4 @@
-"""Handlers run inside `postrl.rewards.pool` workers by tests/test_rewards_pool.py."""
+"""Handlers run inside `postrl.rewards.workers.pool` workers by tests/test_rewards_pool.py."""
 
 import os
 import signal

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from postrl.builtin_models import load_model
 from postrl.config import DomainConfig, RLConfig, TrainConfig
 from postrl.errors import ConfigError
-from postrl.models import load_model
-from postrl.policy.episodes import EpisodeLimits, observation_ids, sample_episodes
-from postrl.policy.logprobs import token_logprobs
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
-from postrl.policy.update import Learner
+from postrl.learner.learner import Learner
+from postrl.model.logprobs import token_logprobs
 from postrl.records import Response, Task
+from postrl.sampling.episodes import EpisodeLimits, observation_ids, sample_episodes
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
 from postrl.tasks.catalog import make_domain
 from postrl.tasks.env import ToolEnv

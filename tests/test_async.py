@@ -14,8 +14,8 @@ from postrl.algo.losses import ppo_clip, truncated_is_weight
 from postrl.config import load_config
 from postrl.engines import pipeline
 from postrl.errors import ConfigError
+from postrl.learner.learner import Learner, offpolicy_stats
 from postrl.loop import train
-from postrl.policy.update import Learner, offpolicy_stats
 from postrl.records import Batch
 from postrl.store.rollouts import read_rows
 
@@ -91,10 +91,10 @@ def test_offpolicy_stats_by_hand():
 
 
 def test_learner_computes_proximal_logprobs_only_for_stale_rows(tiny_model_dir):
-    from postrl.models import load_model
-    from postrl.policy.policy import Policy
-    from postrl.policy.rollout import GenParams
+    from postrl.builtin_models import load_model
     from postrl.records import Task
+    from postrl.sampling.generate import GenParams
+    from postrl.sampling.policy import Policy
 
     cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", "train.samples_per_prompt=4"])
     model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
@@ -219,11 +219,11 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
     the samples and scores are those of sampling everything first and scoring after."""
     import random
 
-    from postrl.models import load_model
-    from postrl.policy import policy as policy_module
-    from postrl.policy.policy import Policy
-    from postrl.policy.rollout import GenParams
+    from postrl.builtin_models import load_model
     from postrl.rewards.terms import TERMS, register_term
+    from postrl.sampling import policy as policy_module
+    from postrl.sampling.generate import GenParams
+    from postrl.sampling.policy import Policy
     from postrl.seeding import step_generator
     from postrl.tasks.catalog import build_domains
 
@@ -278,10 +278,10 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
 def test_whole_groups_are_handed_over_once_each(tiny_model_dir):
     """Multi-temperature sampling splits each group over two generation batches: a group is
     handed over only once its last sample exists, every sample exactly once, groups whole."""
-    from postrl.models import load_model
-    from postrl.policy.policy import Policy
-    from postrl.policy.rollout import GenParams
+    from postrl.builtin_models import load_model
     from postrl.records import Task
+    from postrl.sampling.generate import GenParams
+    from postrl.sampling.policy import Policy
 
     model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
     policy = Policy(model, tok)

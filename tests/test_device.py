@@ -17,17 +17,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from postrl.builtin_models import load_model
 from postrl.cli import main
 from postrl.config import LoraConfig, ModelConfig, RLConfig, TrainConfig, load_config
 from postrl.errors import ConfigError, UserError
-from postrl.models import load_model
-from postrl.policy.device import model_device, resolve_device
-from postrl.policy.logprobs import token_logprobs
-from postrl.policy.lora import apply_lora, make_reference
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
-from postrl.policy.update import Learner
+from postrl.learner.learner import Learner
+from postrl.model.device import model_device, resolve_device
+from postrl.model.logprobs import token_logprobs
+from postrl.model.lora import apply_lora, make_reference
 from postrl.records import Task
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 
 
 class _DefaultDeviceTrap(TorchDispatchMode):

@@ -1,4 +1,4 @@
-"""The data-parallel learner (train.learners N; postrl.policy.distributed): 2 ranks give 1 rank's
+"""The data-parallel learner (train.learners N; postrl.learner.distributed): 2 ranks give 1 rank's
 parameters within float tolerance, a 2-rank run resumes bit for bit, a rank gone between steps
 stops the run with a checkpoint that resumes to the uninterrupted run's end, and a rank that dies
 or hangs during an update ends the run with one line instead of hanging."""

@@ -12,15 +12,15 @@ import random
 import pytest
 import torch
 
+from postrl.builtin_models import load_model
 from postrl.config import LoraConfig, ModelConfig, RLConfig, TrainConfig
-from postrl.models import load_model
-from postrl.policy import logprobs as logprobs_mod
-from postrl.policy.fastlm import FastLM
-from postrl.policy.lora import apply_lora, make_reference
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
-from postrl.policy.update import Learner
+from postrl.learner.learner import Learner
+from postrl.model import logprobs as logprobs_mod
+from postrl.model.fastlm import FastLM
+from postrl.model.lora import apply_lora, make_reference
 from postrl.records import Task
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 
 
 def _model(tiny_model_dir, kind: str):
@@ -199,9 +199,12 @@ def test_token_budget_micro_batches_keep_the_minibatch_gradient(tiny_model_dir):
         torch.testing.assert_close(g_budget[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_gpu_step_imports_only_torch_transformers_and_the_policy_package_and_runs_small():
-    """benchmarks/gpu_step.py runs where only torch, transformers and postrl.policy are available:
-    importing it must not load any other postrl module."""
+GPU_STEP_PACKAGES = ("postrl.model", "postrl.sampling", "postrl.learner")
+
+
+def test_gpu_step_imports_only_torch_transformers_and_the_model_packages_and_runs_small():
+    """benchmarks/gpu_step.py runs where only torch, transformers and postrl's model, sampling and
+    learner packages are available: importing it must not load any other postrl module."""
     import ast
     import subprocess
     import sys
@@ -213,12 +216,12 @@ def test_gpu_step_imports_only_torch_transformers_and_the_policy_package_and_run
     top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     froms = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
     assert top <= {"argparse", "time", "torch"}
-    assert {m for m in froms if m != "__future__"} <= {"transformers"} | {m for m in froms if m.startswith("postrl.policy.")}
+    assert {m for m in froms if m != "__future__"} <= {"transformers"} | {m for m in froms if m.startswith(GPU_STEP_PACKAGES)}
     probe = ("import sys; sys.path.insert(0, 'benchmarks'); import gpu_step; "
              "print(sorted(m for m in sys.modules if m.startswith('postrl')))")
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=repo, capture_output=True, text=True, check=True)
     names = eval(loaded.stdout.strip().splitlines()[-1])
-    assert names and all(m == "postrl" or m.startswith("postrl.policy") for m in names), names
+    assert names and all(m == "postrl" or m.startswith(GPU_STEP_PACKAGES) for m in names), names
     run = subprocess.run([sys.executable, str(script), "--device", "cpu", "--small", "--models", "smollm2-135m",
                           "--batch", "2", "--prompt-tokens", "4", "--new-tokens", "4", "--peak-seconds", "0.1"],
                          cwd=repo, capture_output=True, text=True, timeout=300)

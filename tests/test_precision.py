@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from postrl.builtin_models import load_model
 from postrl.config import RLConfig, TrainConfig
-from postrl.models import load_model
-from postrl.policy.policy import Policy
-from postrl.policy.precision import MasterAdamW, make_optimizer
-from postrl.policy.rollout import GenParams
-from postrl.policy.update import Learner
+from postrl.learner.learner import Learner
+from postrl.learner.precision import MasterAdamW, make_optimizer
 from postrl.records import Task
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 
 LR, STEPS, TOLERANCE = 1e-4, 10, 0.05
 

@@ -16,15 +16,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from postrl.builtin_models import load_model, resolve_model_path
 from postrl.config import LoraConfig, ModelConfig, RLConfig, TrainConfig
 from postrl.errors import UserError
-from postrl.models import load_model, resolve_model_path
-from postrl.policy import lora as lora_mod
-from postrl.policy.logprobs import token_logprobs
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
-from postrl.policy.update import Learner, _share
+from postrl.learner.learner import Learner, _share
+from postrl.model import lora as lora_mod
+from postrl.model.logprobs import token_logprobs
 from postrl.records import Response, Task
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 
 gguf = pytest.importorskip("gguf")
 

@@ -68,7 +68,7 @@ def test_reward_check_calls_a_user_function(tmp_path, capsys):
             {"prompt": "What is 4+4?", "answer": "8", "response": "9.", "label": False},
             {"prompt": "What is 4+4?", "answer": "8", "response": "It is 8.", "label": True}]
     labels = _jsonl(tmp_path / "labels.jsonl", rows)
-    assert main(["reward-check", str(labels), "--reward", "python:postrl.rewards.concise:concise", "--json"]) == 0
+    assert main(["reward-check", str(labels), "--reward", "python:postrl.rewards.models.concise:concise", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["verified"], report["kappa"]) == (4, 1.0)
 
@@ -180,7 +180,7 @@ def test_print_expected_pays_where_one_test_is_all_there_is(tmp_path, capsys):
 
 
 def test_a_domains_gold_is_logged_beside_the_reward_and_never_trained_on(make_sample):
-    cfg = load_config(None, ["domains.arith.gold=python:postrl.rewards.concise:concise"])
+    cfg = load_config(None, ["domains.arith.gold=python:postrl.rewards.models.concise:concise"])
     domains = build_domains(cfg)
     right, long = make_sample("[1]85"), make_sample("[1]" + "," * 30 + "85")
     for s in (right, long):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from postrl.cli import main
-from postrl.rewards.agreement import agreement, cohen_kappa
+from postrl.rewards.checks.agreement import agreement, cohen_kappa
 
 DATA = Path(__file__).resolve().parents[1] / "postrl" / "data"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from postrl.rewards.pool import WorkerPool
+from postrl.rewards.workers.pool import WorkerPool
 
 HERE = Path(__file__).parent
 
@@ -102,7 +102,7 @@ def test_a_hang_inside_a_pipelined_chunk_costs_only_that_job(handlers_on_path):
 
 
 def test_cursor_hands_out_every_job_once_in_shrinking_runs():
-    from postrl.rewards.pool import _CHUNK, _Cursor
+    from postrl.rewards.workers.pool import _CHUNK, _Cursor
 
     for n, workers in [(1, 2), (7, 2), (100, 2), (1000, 4), (33, 1)]:
         cursor, spans = _Cursor(n, workers), []

@@ -15,8 +15,8 @@ from postrl.cli import main
 from postrl.errors import UserError
 from postrl.records import Response, Task
 from postrl.rewards.composite import apply_terms
-from postrl.rewards.preferences import Pair
-from postrl.rewards.rm import (
+from postrl.rewards.models.preferences import Pair
+from postrl.rewards.models.rm import (
     RewardModel,
     is_sorted_answer,
     load_pairs,

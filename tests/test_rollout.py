@@ -5,11 +5,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from postrl.models import load_model
-from postrl.policy import rollout
-from postrl.policy.fastlm import FastLM
-from postrl.policy.logprobs import token_logprobs
-from postrl.policy.rollout import GenParams, generate
+from postrl.builtin_models import load_model
+from postrl.model.fastlm import FastLM
+from postrl.model.logprobs import token_logprobs
+from postrl.sampling import generate as rollout
+from postrl.sampling.generate import GenParams, generate
 
 TEXTS = ["1+2=", "47+38=", "3=", "123+456+7=", "9*9=", "60-17="]
 

@@ -19,9 +19,9 @@ from postrl.config import load_config
 from postrl.engines.pipeline import Order, generate
 from postrl.errors import ConfigError, UserError
 from postrl.extensions import load_recipe
-from postrl.policy.policy import Policy
 from postrl.records import Response, Task
 from postrl.rewards.callable_reward import CallableTerm
+from postrl.sampling.policy import Policy
 from postrl.store.rollouts import read_rows
 
 RECIPE = "recipes/default.yaml"
@@ -183,7 +183,7 @@ def test_command_line_import_and_a_broken_module_exit_2_with_one_line(tmp_path, 
 
 def test_pool_workers_inherit_the_extensions(tmp_path):
     from postrl.extensions import ENV, load
-    from postrl.rewards.pool import WorkerPool
+    from postrl.rewards.workers.pool import WorkerPool
 
     (tmp_path / "answers_ext.py").write_text("def job(x):\n    return x * 2\n")
     load([str(tmp_path / "answers_ext.py")])
@@ -199,7 +199,7 @@ def test_pool_workers_inherit_the_extensions(tmp_path):
 
 
 def test_per_domain_max_new_tokens_and_stop_split_the_order_only_when_set(tiny_model_dir):
-    from postrl.models import load_model
+    from postrl.builtin_models import load_model
     from postrl.seeding import step_generator
 
     model, tok = load_model(str(tiny_model_dir))
@@ -209,7 +209,7 @@ def test_per_domain_max_new_tokens_and_stop_split_the_order_only_when_set(tiny_m
     tasks = [Task("arith", "a", "12+34=", "46"), Task("long", "b", "55+11=", "66"), Task("arith", "c", "1+2=", "3")]
     order = Order(0, tasks, [1.0] * 6, 0)
     plain = generate(policy, order, load_config(None, base))
-    want = policy.sample(tasks, 2, __import__("postrl.policy.rollout", fromlist=["GenParams"]).GenParams(6),
+    want = policy.sample(tasks, 2, __import__("postrl.sampling.generate", fromlist=["GenParams"]).GenParams(6),
                          step_generator(0, 0, 0), [1.0] * 6)
     assert [s.completion_ids for s in plain] == [s.completion_ids for s in want]  # no override: one call
     cfg = load_config(None, [*base, "domains.long.max_new_tokens=2", "domains.arith.stop=['=']"])

@@ -187,7 +187,7 @@ def test_a_user_reward_returning_garbage_is_an_error_per_sample():
 
 
 def test_a_reward_model_verifier_scores_in_0_1(tmp_path):
-    from postrl.rewards.rm import RewardModel
+    from postrl.rewards.models.rm import RewardModel
 
     RewardModel.create("abc\n", seed=0, hidden=16, layers=1).save(tmp_path / "rm")
     v = make_verifier("rm:rm", VerifierSettings(base_dir=str(tmp_path)))

@@ -30,10 +30,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from postrl.builtin_models import load_model
     from postrl.errors import ConfigError, UserError
     from postrl.evaluation import evaluate
-    from postrl.models import load_model
-    from postrl.policy.policy import Policy
+    from postrl.sampling.policy import Policy
     from postrl.tasks.catalog import make_domain
     from postrl.ui import Progress
 

@@ -17,7 +17,7 @@ With --min-kappa X, exits 1 when kappa is below X (or undefined). A recipe gates
 way per domain (`domains.NAME.reward_check: {labels: FILE, min_kappa: 0.8}`; `train` exits 2).
 
 --adversarial writes, for --n of the domain's problems, the replies of each hack in
-`postrl.rewards.hacks` (several boxed answers, "3 or 4", every candidate, the answer only in the
+`postrl.rewards.checks.hacks` (several boxed answers, "3 or 4", every candidate, the answer only in the
 thinking, an empty or truncated fence, sys.exit(0), always-equal objects, printing the expected
 output, echoing the prompt, padding to the length limit, a format-only reply) and reports the
 share of problems where the reward paid for each. A strict verifier pays for none; a lenient
@@ -63,13 +63,13 @@ def run(args) -> int:
         raise UserError("give the LABELS.jsonl file (or --adversarial)")
     if args.recipe:
         with recipe_domain(args) as (domain, weights):
-            from postrl.rewards.reward_check import domain_reward, domain_task_maker, read_labels
+            from postrl.rewards.checks.reward_check import domain_reward, domain_task_maker, read_labels
 
             tasks, responses, human = read_labels(args.labels, domain_task_maker(domain))
             scores = domain_reward(domain, weights)(tasks, responses)
         name = f"domain {args.domain} of {args.recipe}"
     else:
-        from postrl.rewards.reward_check import read_labels
+        from postrl.rewards.checks.reward_check import read_labels
 
         tasks, responses, human = read_labels(args.labels)
         scores = named_reward(args.reward)(tasks, responses)
@@ -134,7 +134,7 @@ class recipe_domain:
 
 
 def report_agreement(name, scores, human, tasks, responses, args) -> int:
-    from postrl.rewards.reward_check import agreement_report
+    from postrl.rewards.checks.reward_check import agreement_report
 
     report = {"reward": name, **agreement_report(scores, human, args.threshold, tasks, responses)}
     print(json.dumps(report) if args.json else _text(report))
@@ -147,8 +147,8 @@ def report_agreement(name, scores, human, tasks, responses, args) -> int:
 def run_adversarial(args) -> int:
     import random
 
-    from postrl.rewards.hacks import run_hacks
-    from postrl.rewards.reward_check import domain_reward
+    from postrl.rewards.checks.hacks import run_hacks
+    from postrl.rewards.checks.reward_check import domain_reward
 
     with recipe_domain(args) as (domain, weights):
         tasks = problems(domain, args.n, random.Random(0))

@@ -50,9 +50,9 @@ def run_train(args) -> int:
 
     import torch
 
+    from postrl.builtin_models import resolve_model_path
     from postrl.errors import UserError
-    from postrl.models import resolve_model_path
-    from postrl.rewards.rm import RewardModel, load_pairs, train_reward_model
+    from postrl.rewards.models.rm import RewardModel, load_pairs, train_reward_model
 
     if args.steps <= 0 or args.batch_size <= 0 or not 0.0 < args.heldout_fraction < 1.0:
         raise UserError("--steps and --batch-size must be positive, --heldout-fraction in (0, 1)")
@@ -79,8 +79,8 @@ def run_train(args) -> int:
 def run_make(args) -> int:
     from dataclasses import asdict
 
-    from postrl.rewards.concise import make_concise_preferences
-    from postrl.rewards.rm import make_preferences
+    from postrl.rewards.models.concise import make_concise_preferences
+    from postrl.rewards.models.rm import make_preferences
 
     make = make_preferences if args.kind == "sorted" else make_concise_preferences
     with open(args.out, "w", encoding="utf-8") as f:

@@ -76,11 +76,11 @@ from typing import Any, Protocol
 import torch
 
 from postrl.config import Config, generation_limits
-from postrl.policy.episodes import EpisodeLimits, sample_episodes
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import GenParams
 from postrl.records import Sample, Score, Task
 from postrl.rewards.scoring import score_samples
+from postrl.sampling.episodes import EpisodeLimits, sample_episodes
+from postrl.sampling.generate import GenParams
+from postrl.sampling.policy import Policy
 from postrl.seeding import step_generator
 from postrl.tasks.env import is_environment
 
@@ -243,7 +243,7 @@ class Pending:
 def generate(policy: Policy, order: Order, cfg: Config, on_ready=None, envs: dict | None = None) -> list[Sample]:
     """Sample an order with `policy`, from the generator (seed, step, stream): a lost order sampled
     again, or a resumed run, makes the same draws. An order with an environment's tasks among
-    `envs` (the run's domains) is played as episodes (`postrl.policy.episodes`). When some domain
+    `envs` (the run's domains) is played as episodes (`postrl.sampling.episodes`). When some domain
     sets its own max_new_tokens or stop strings the order is sampled in parts
     (`generate_by_limits`); otherwise in one call, so recipes without them draw exactly what they
     always drew."""

@@ -55,12 +55,12 @@ import torch.multiprocessing as mp
 from postrl.config import Config
 from postrl.engines.pipeline import LocalScorer, Order, Pending, Pipeline, Rollout, generate, reward_terms
 from postrl.extensions import load as load_extensions
-from postrl.policy.device import model_device
-from postrl.policy.distributed import next_order
-from postrl.policy.lora import make_reference
-from postrl.policy.policy import Policy
-from postrl.policy.update import reference_logprobs
+from postrl.learner.distributed import next_order
+from postrl.learner.learner import reference_logprobs
+from postrl.model.device import model_device
+from postrl.model.lora import make_reference
 from postrl.records import Sample
+from postrl.sampling.policy import Policy
 from postrl.tasks.env import has_environments
 
 MAX_TRIES = 3

@@ -46,8 +46,8 @@ from postrl.config import Config
 from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, reward_terms, run_order, score_chunk
 from postrl.engines.ray_sandbox import FleetSpec, RaySandbox, describe, start_sandbox_fleet
 from postrl.extensions import load as load_extensions
-from postrl.policy.policy import Policy
 from postrl.records import Sample
+from postrl.sampling.policy import Policy
 from postrl.tasks.env import has_environments
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from postrl.records import Sample
 
 if TYPE_CHECKING:
-    from postrl.policy.update import UpdateStats
+    from postrl.learner.learner import UpdateStats
 
 
 @dataclass

@@ -9,7 +9,7 @@ Every extractor returns the extracted text, or None when the reply has no answer
 requested form (graded as wrong, not as "could not verify"). `boxed`, `hash` and `tag:NAME` take
 the last answer in their form, and none when the reply gives several different ones: a reply
 that hedges over candidates (`\\boxed{84} \\boxed{85}`) has not answered (the hack library,
-`postrl.rewards.hacks`, checks this).
+`postrl.rewards.checks.hacks`, checks this).
 
     >>> extract("boxed", "\\\\boxed{1} then \\\\boxed{1}, so \\\\boxed{\\\\frac{a}{\\\\sqrt{b}}}")   # several: none
     >>> extract("boxed", "so \\\\boxed{\\\\frac{a}{\\\\sqrt{b}}}, that is \\\\boxed{ \\\\frac{a}{\\\\sqrt{b}} }")   # nested braces

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from postrl.records import Score
-from postrl.rewards.pool import WorkerPool
 from postrl.rewards.terms import register_term
+from postrl.rewards.workers.pool import WorkerPool
 
 _HANDLER = "postrl.rewards.math:verify_job"
 

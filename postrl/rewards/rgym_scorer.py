@@ -9,7 +9,7 @@ import atexit
 import threading
 from collections import OrderedDict
 
-from postrl.rewards.pool import WorkerPool
+from postrl.rewards.workers.pool import WorkerPool
 
 _worker_datasets: OrderedDict = OrderedDict()
 

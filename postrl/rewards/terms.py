@@ -5,7 +5,7 @@
 
 A term module registers into `TERMS` when imported; `postrl.rewards.composite` imports the
 built-in ones (`format`, `math`), a reward model registers its term for one run
-(`postrl.rewards.rm.register_rm_term`). This module knows no term: it is the leaf they share.
+(`postrl.rewards.models.rm.register_rm_term`). This module knows no term: it is the leaf they share.
 """
 
 from __future__ import annotations

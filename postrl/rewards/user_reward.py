@@ -12,7 +12,7 @@ completion. It is called once per prompt's group of samples. For a chat domain (
 `messages:` set), prompts are the chat messages and completions `[{"role": "assistant",
 "content": ...}]`, as TRL passes them; otherwise both are plain strings.
 
-It runs in `postrl.rewards.pool` worker processes (your own code, so not confined), each call
+It runs in `postrl.rewards.workers.pool` worker processes (your own code, so not confined), each call
 with a deadline of `timeout_s`. Nothing it does ends the run: a call that hangs past its deadline
 gives status `timeout` to its samples, one that raises gives `error` with the exception, and a
 return that is not one number (or None) per completion gives `error` ("returned 3 values for 4
@@ -29,8 +29,8 @@ from numbers import Real
 
 from postrl.records import Response, Score, Task
 from postrl.rewards.extract import make_extractor
-from postrl.rewards.pool import WorkerPool
 from postrl.rewards.verifiers import VERIFIERS, VerifierSettings, check_python_function, load_function
+from postrl.rewards.workers.pool import WorkerPool
 
 HANDLER = "postrl.rewards.user_reward:call_job"
 COMPONENTS = ("user",)

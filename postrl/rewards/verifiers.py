@@ -316,7 +316,7 @@ class RewardModelVerifier:
     reward_components = ("rm",)
 
     def __init__(self, arg: str, settings: VerifierSettings):
-        from postrl.rewards.rm import RewardModel  # imports transformers: only for runs that use one
+        from postrl.rewards.models.rm import RewardModel  # imports transformers: only for runs that use one
 
         self.extract_spec = settings.extract or "none"
         self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
@@ -324,7 +324,7 @@ class RewardModelVerifier:
         self.batch_size = settings.rm_batch_size
 
     def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]:
-        from postrl.rewards.rm import sigmoid, task_prompt
+        from postrl.rewards.models.rm import sigmoid, task_prompt
 
         answers = [self.extractor(r.text) or "" for r in responses]
         raw = self.model.score([task_prompt(t) for t in tasks], answers, batch_size=self.batch_size)

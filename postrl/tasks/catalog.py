@@ -41,7 +41,9 @@ def build_domains(cfg: Config) -> dict[str, Domain]:
     """The recipe's domains, by key. Reward models (`reward_models`) are registered as reward terms
     first: a domain's reward terms may name them."""
     if cfg.reward_models:
-        from postrl.rewards.rm import register_rm_term  # imports transformers: only for runs that use one
+        from postrl.rewards.models.rm import (
+            register_rm_term,  # imports transformers: only for runs that use one
+        )
 
         for term, model_dir in cfg.reward_models.items():
             register_rm_term(term, model_dir)

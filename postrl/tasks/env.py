@@ -16,7 +16,7 @@ Any domain becomes one by `tools:` or `max_turns:` in its recipe entry (`ToolEnv
 domain registered as an environment type (`type: code_retry`) is one already, and may be wrapped
 too for tools. A single-turn domain is the trivial environment: its episode ends at the first
 answer. Turn limits and the token budget are the episode runner's
-(`postrl.policy.episodes`), which knows no environment's internals; this module knows no policy.
+(`postrl.sampling.episodes`), which knows no environment's internals; this module knows no policy.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class ToolEpisode:
         self.template_messages: Messages = messages
         """The opening messages without the tools' description, for a template given `tool_schemas`."""
         self.tool_schemas: list[dict] = []
-        """The tools as JSON schemas (empty: no tools); see `postrl.policy.episodes`."""
+        """The tools as JSON schemas (empty: no tools); see `postrl.sampling.episodes`."""
 
     @property
     def correct(self) -> bool | None:

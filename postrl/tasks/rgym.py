@@ -27,8 +27,8 @@ problem space never leak held-out questions into training).
 
 Isolation: countdown, puzzle24, simple/intermediate_integration, polynomial_multiplication,
 string_insertion, spiral_matrix, binary_matrix and n_queens call `eval` (directly or through
-sympy) on the model's answer. Their scoring runs in `postrl.rewards.pool` workers confined by
-`postrl.rewards.confine` (no writes, exec, network; memory cap; deadline), never in the trainer's
+sympy) on the model's answer. Their scoring runs in `postrl.rewards.workers.pool` workers confined by
+`postrl.rewards.workers.confine` (no writes, exec, network; memory cap; deadline), never in the trainer's
 process. A worker receives the dataset config, the item index and the answer, and rebuilds the
 item itself.
 """

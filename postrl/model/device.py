@@ -19,7 +19,7 @@ DEVICES = ("auto", "cpu", "cuda")
 def resolve_device(name: str) -> torch.device:
     """`run.device` -> a torch device: auto | cpu | cuda (or cuda:N)."""
     # imported here: the sampler imports this module, and `benchmarks/gpu_step.py` imports the
-    # sampler on machines that get only torch, transformers and postrl.policy
+    # sampler on machines that get only torch, transformers and postrl's model, sampling and learner packages
     from postrl.errors import UserError
 
     kind = name.split(":", 1)[0]

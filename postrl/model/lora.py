@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from postrl.config import LoraConfig
-from postrl.policy.logprobs import hf_decoder_and_head
+from postrl.model.logprobs import hf_decoder_and_head
 
 
 def apply_lora(model, cfg: LoraConfig):

@@ -47,11 +47,11 @@ from postrl.config import Config
 from postrl.errors import UserError
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
-from postrl.policy.device import model_device
-from postrl.policy.lora import apply_lora
-from postrl.policy.model import load_model
-from postrl.policy.policy import Policy
+from postrl.model.device import model_device
+from postrl.model.load import load_model
+from postrl.model.lora import apply_lora
 from postrl.records import Batch
+from postrl.sampling.policy import Policy
 
 _START = datetime.timedelta(seconds=600)
 """Longest wait for the ranks to start (import, load the model) and connect."""
@@ -202,7 +202,7 @@ def start_learners(learner, cfg: Config, model_path: str, run_dir, log=print) ->
 def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config, threads: int, device: str,
                  orders, parent: int) -> None:
     """A learner rank: the trainer's updates, until it sends None or is gone."""
-    from postrl.policy.update import Learner  # the module that imports this one
+    from postrl.learner.learner import Learner  # the module that imports this one
 
     load_extensions(cfg.imports)
     torch.set_num_threads(threads)

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from postrl.policy.device import model_device
-from postrl.policy.fastlm import FastLM, padding_bias, shared_prefixes
+from postrl.model.device import model_device
+from postrl.model.fastlm import FastLM, padding_bias, shared_prefixes
 
 
 @dataclass

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from postrl.policy.fastlm import COVERED, FastLM, padding_bias, shared_prefixes
+from postrl.model.fastlm import COVERED, FastLM, padding_bias, shared_prefixes
 
 LOGITS_CHUNK_MIB = 16
 """Default size of one chunk of float32 logits (`model.logits_chunk_mib`)."""

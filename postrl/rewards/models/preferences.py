@@ -13,7 +13,7 @@ A line is one of TRL's preference forms:
 
 In the implicit form the prompt is the messages the two conversations share from the start, and
 each side keeps the rest (TRL's `maybe_extract_prompt`). Text is kept as text and messages as a
-tuple of {role, content}; the reward model renders them (`postrl.rewards.rm`): text by plain
+tuple of {role, content}; the reward model renders them (`postrl.rewards.models.rm`): text by plain
 concatenation as TRL does, messages through the backbone's chat template.
 
     >>> p = pair_of_row({"chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],

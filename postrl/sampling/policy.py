@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import torch
 
-from postrl.policy.rollout import GenParams, generate
 from postrl.records import Sample, Task
+from postrl.sampling.generate import GenParams, generate
 
 
 class Policy:

@@ -1,6 +1,6 @@
-"""Entry point of one verifier worker process: `python -m postrl.rewards.worker SPEC_JSON`.
+"""Entry point of one verifier worker process: `python -m postrl.rewards.workers.worker SPEC_JSON`.
 
-Started and supervised by `postrl.rewards.pool.WorkerPool`. SPEC names a handler
+Started and supervised by `postrl.rewards.workers.pool.WorkerPool`. SPEC names a handler
 ("module:function", called with one JSON job, returning a JSON value), the soft deadline, and
 options for the handler module's `warmup(**options)`, run once before the first job.
 
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
         handler = _load(spec)
         level = "none"
         if spec.get("confine", True):
-            from postrl.rewards.confine import confine
+            from postrl.rewards.workers.confine import confine
 
             level = confine(int(spec["memory_mb"]))
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it

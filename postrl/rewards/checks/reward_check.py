@@ -31,7 +31,7 @@ from typing import Any
 
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
-from postrl.rewards.agreement import agreement
+from postrl.rewards.checks.agreement import agreement
 from postrl.rewards.jsonl import read_jsonl
 from postrl.rewards.scoring import trained_reward
 

@@ -1,7 +1,7 @@
 """The project's own preference rule: a reply that answers, and stays short, beats one that is long,
 evasive or wrong. It makes preference sets (`postrl rm make-prefs --set concise`), labels pairs of a
 policy's own samples (`benchmarks/rm_overoptimization.py`), and is a gold scorer a domain can
-attach for monitoring (`gold: python:postrl.rewards.concise:concise`).
+attach for monitoring (`gold: python:postrl.rewards.models.concise:concise`).
 
     >>> concise_gold("68.", "68"), concise_gold("I am not sure.", "68"), concise_gold("67.", "68")
     (1.0, 0.0, 0.0)
@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import re
 
-from postrl.rewards.preferences import Pair
+from postrl.rewards.models.preferences import Pair
 
 _NUMBER = re.compile(r"-?\d+")
 
@@ -38,7 +38,7 @@ def concise_gold(reply: str, answer: str) -> float:
 
 
 def concise(prompts, completions, answer, **columns) -> list[float]:
-    """`concise_gold` as a TRL-style reward function (`python:postrl.rewards.concise:concise`)."""
+    """`concise_gold` as a TRL-style reward function (`python:postrl.rewards.models.concise:concise`)."""
     texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
     return [concise_gold(t, str(a)) for t, a in zip(texts, answer)]
 

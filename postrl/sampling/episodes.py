@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from postrl.policy.policy import Policy
-from postrl.policy.rollout import Generation, GenParams, generate
 from postrl.records import Episode, Sample, Task, Turn
+from postrl.sampling.generate import Generation, GenParams, generate
+from postrl.sampling.policy import Policy
 
 _PLACE = "\x1fpostrl-turn\x1f"
 

