@@ -1,8 +1,9 @@
 """MkDocs hook: the config reference (docs/config.md) is generated from the config dataclasses.
 
 Every key of `postrl.config.Config` (monitors' settings included) and every domain's `params`
-dataclass (`*Params` in `postrl.tasks`) gets a row: dotted key, type, default and the docstring
-written under the field. Nothing is copied by hand, so a new key cannot go undocumented:
+dataclass (`*Params` in `postrl.tasks`) gets a row: dotted key, type, the values it allows (a
+`Literal`'s choices, a range: `postrl.config.allowed_of`), default and the docstring written
+under the field. Nothing is copied by hand, so a new key cannot go undocumented:
 `tests/test_docs.py` fails when a field has no docstring, and `mkdocs build --strict` (run by
 `make test`) builds this page from the code of the checkout.
 """
@@ -33,6 +34,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def type_name(tp) -> str:
+    if typing.get_origin(tp) is typing.Literal:  # its choices go to the `allowed` column
+        return type(typing.get_args(tp)[0]).__name__
     text = tp.__name__ if isinstance(tp, type) else str(tp)
     return text.replace("typing.", "")
 
@@ -46,9 +49,11 @@ def default_of(f: dataclasses.Field) -> str:
     return "(required)"
 
 
-def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(dotted key, type, default, doc) for every leaf field of a config dataclass, depth first;
-    a nested dataclass is walked, its key the prefix of its fields."""
+def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
+    """(dotted key, type, default, doc, allowed) for every leaf field of a config dataclass, depth
+    first; a nested dataclass is walked, its key the prefix of its fields."""
+    from postrl.config import allowed_of
+
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     out = []
@@ -58,10 +63,12 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
         if dataclasses.is_dataclass(tp):
             out += rows(tp, f"{prefix}{f.name}.")
         elif dataclasses.is_dataclass(value_tp):  # a mapping of sections by name: `domains.NAME.*`
-            out.append((prefix + f.name, f"dict[str, {value_tp.__name__}]", "", docs.get(f.name, "")))
+            out.append((prefix + f.name, f"dict[str, {value_tp.__name__}]", "", docs.get(f.name, ""), ""))
             out += rows(value_tp, f"{prefix}{f.name}.NAME.")
         else:
-            out.append((prefix + f.name, type_name(tp), default_of(f), docs.get(f.name, "")))
+            allowed = allowed_of(tp, f)
+            shown = "" if allowed is None else f"each {allowed}" if typing.get_origin(tp) is list else str(allowed)
+            out.append((prefix + f.name, type_name(tp), default_of(f), docs.get(f.name, ""), shown))
     return out
 
 
@@ -79,9 +86,9 @@ def params_classes() -> dict[str, type]:
 
 
 def table(entries) -> str:
-    lines = ["| key | type | default | what it does |", "|---|---|---|---|"]
-    for key, tp, default, doc in entries:
-        cells = [f"`{key}`", f"`{tp}`", f"`{default}`" if default else "", doc]
+    lines = ["| key | type | allowed | default | what it does |", "|---|---|---|---|---|"]
+    for key, tp, default, doc, allowed in entries:
+        cells = [f"`{key}`", f"`{tp}`", allowed, f"`{default}`" if default else "", doc]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 

@@ -73,12 +73,12 @@ def train(cfg: Config, log=print, resume: bool = False) -> Path:
 
             alerts = run.record(step, StepRecord(samples, rollout, fill, stats, kl_coef, update_s))
             step += 1
-            score = run.evaluate_every(step, alerts)  # seesaw alerts join the step's alerts
+            score, seesaw = run.evaluate_every(step)  # held-out eval, seesaw alerts
             run.checkpoint_every(step, score)
-            step, stopped = run.act_on(alerts, step)
+            step, stopped = run.act_on(alerts + seesaw, step)  # the monitors' alerts, then the seesaw's
 
     if not stopped:
-        run.evaluate(step)
+        run.evaluate(step)  # the final eval: its seesaw alerts are logged, with no step left to act on
     run.finish(step)
     log(f"trained policy saved to {run.dir / 'final'}")
     return run.dir

@@ -2,9 +2,9 @@
 
     run = open_run(cfg, log, resume=False)    # checks the names, builds (or restores) the whole state
     alerts = run.record(step, record)         # store, metrics, monitors, sinks, spot checks
-    score = run.evaluate_every(step, alerts)  # held-out eval every eval.every_steps, seesaw alerts
+    score, seesaw = run.evaluate_every(step)  # held-out eval every eval.every_steps, seesaw alerts
     run.checkpoint_every(step, score)         # full state every checkpoint.every_steps
-    step, stopped = run.act_on(alerts, step)  # rollback to a checkpoint, or stop
+    step, stopped = run.act_on(alerts + seesaw, step)  # rollback to a checkpoint, or stop
     run.finish(step)                          # final/ model, sinks closed, report.html
 
 The loop (`postrl.loop`) does the algorithm; this module keeps the books. Who owns which state:
@@ -120,10 +120,10 @@ class Run:
         self.progress.advance(step, metrics)
         return alerts
 
-    def evaluate(self, step: int, alerts: list[Alert] | None = None) -> float:
+    def evaluate(self, step: int) -> tuple[float, list[Alert]]:
         """Evaluate every domain's held-out split, write eval/step_N.json, check for seesaw
-        regressions (recorded, and appended to `alerts` so that `act_on` carries out their
-        action); returns the best-checkpoint score."""
+        regressions; returns the best-checkpoint score and the seesaw alerts (recorded here; the
+        caller hands them to `act_on`, which carries out their action)."""
         e = self.cfg.eval
         domains = {**self.domains, **self.eval_domains}
         result = evaluate(
@@ -137,9 +137,7 @@ class Run:
         scores = {d: float(r[e.best_metric]) for d, r in result.items() if e.best_metric in r}
         seesaw = seesaw_alerts(self.eval_best, scores, step, e.seesaw_drop, e.seesaw_action, e.best_metric)
         self.alert_log.record(seesaw)
-        if alerts is not None:
-            alerts.extend(seesaw)
-        return EVAL_AGGREGATES.get(e.best_aggregate)(list(scores.values()))
+        return EVAL_AGGREGATES.get(e.best_aggregate)(list(scores.values())), seesaw
 
     def evaluate_at_start(self) -> None:
         """With eval.at_start, the base model's scores at step 0 (a fresh run, not a resumed one):
@@ -148,12 +146,13 @@ class Run:
         if self.cfg.eval.at_start and self.start_step == 0:
             self.evaluate(0)
 
-    def evaluate_every(self, step: int, alerts: list[Alert]) -> float | None:
-        """`evaluate` after every eval.every_steps steps but the last (the final eval follows the loop)."""
+    def evaluate_every(self, step: int) -> tuple[float | None, list[Alert]]:
+        """`evaluate` after every eval.every_steps steps but the last (the final eval follows the
+        loop): (score, seesaw alerts), or (None, []) at a step without eval."""
         every = self.cfg.eval.every_steps
         if every and step % every == 0 and step < self.cfg.train.total_steps:
-            return self.evaluate(step, alerts)
-        return None
+            return self.evaluate(step)
+        return None, []
 
     def checkpoint_every(self, step: int, score: float | None) -> None:
         every = self.cfg.checkpoint.every_steps

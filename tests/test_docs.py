@@ -126,6 +126,10 @@ def test_every_config_key_is_documented():
     reference = hooks.reference()
     assert "`rl.kl_coef`" in reference and "`domains.NAME.max_new_tokens`" in reference
     assert "`params.verifier`" in reference  # the dataset domain's params
+    # what a key allows beyond its type, from the field's declaration: a range, a Literal's choices
+    assert "| `train.top_p` | `float` | in (0, 1] | `1.0` |" in reference
+    assert "| `rl.kl_in` | `str` | loss or reward | `'loss'` |" in reference
+    assert "| `domains.NAME.stop` | `list[str]` | each not empty | `[]` |" in reference
 
 
 def test_site_builds_strictly(tmp_path):

@@ -64,3 +64,20 @@ def test_multi_temperature_sampling_stores_each_samples_temperature(tiny_model_d
     assert [r.temperature for r in rows] == [0.5, 1.0] * 8  # cycling within each group of 4
     metrics = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["entropy/arith"] > 0
+
+
+def test_seesaw_stop_alert_from_an_eval_stops_the_run(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`Run.evaluate` returns its seesaw alerts and the loop hands them to `act_on` with the step's own."""
+    import postrl.run
+
+    scores = iter([0.9, 0.2, 0.2])  # held-out pass@1 after steps 1, 2, 3: a drop of 0.7 after step 2
+    monkeypatch.setattr(postrl.run, "evaluate", lambda policy, domains, **kw: {"arith": {"pass@1": next(scores)}})
+    run_dir = tmp_path / "run"
+    assert main(_args(tiny_model_dir, run_dir, "eval.every_steps=1", "eval.seesaw_drop=0.1",
+                      "eval.seesaw_action=stop")) == 0
+    assert "stopping at step 2: alert seesaw" in capsys.readouterr().out
+    alerts = [json.loads(x) for x in (run_dir / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["name"], a["action"]) for a in alerts] == [(2, "seesaw", "stop")]
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (run_dir / "checkpoints" / "step_00000002" / "meta.json").is_file()
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["step_1.json", "step_2.json"]  # no final eval

@@ -1,12 +1,14 @@
 """Settings of the monitors and sinks: the `monitor:` section of the run config.
 
 Plain dataclasses in the style of `postrl.config` (the docstring under each field is its help
-text), kept free of imports so that `postrl/config.py` can hold this exact source.
+text; a `Literal` type lists a field's choices), kept free of postrl imports so that
+`postrl/config.py` can hold this exact source.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
@@ -210,7 +212,7 @@ class WandbConfig:
     """W&B project; empty: the WANDB_PROJECT variable, else 'postrl'."""
     entity: str = ""
     """W&B team or user; empty: WANDB_ENTITY, else your default entity."""
-    mode: str = ""
+    mode: Literal["", "online", "offline", "disabled"] = ""
     """online | offline | disabled; empty: WANDB_MODE, else wandb's default (online)."""
     log_model: bool = True
     """Upload final/ (the trained model directory) as an artifact when the run ends."""
