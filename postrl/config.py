@@ -598,6 +598,8 @@ def split_domains(domains: dict[str, DomainConfig], prefix: str) -> dict[str, Do
     over them (a spec is a verifier name, or a mapping of params such as {verifier, extract, answer})
     and `split_value` / `split_values`, which the dataset domain reads to keep its rows. An entry
     already split (it has `split_value`) is kept, so splitting twice changes nothing."""
+    if not any(d.params.get("split_by") and "split_value" not in d.params for d in domains.values()):
+        return domains
     out: dict[str, DomainConfig] = {}
     for name, d in domains.items():
         if not d.params.get("split_by") or "split_value" in d.params:
