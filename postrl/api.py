@@ -15,9 +15,13 @@ The same config tree, checks and loop as `postrl train` / `postrl eval --recipe`
 `reward_funcs`: callables `f(prompts, completions, **columns) -> list[float | None]`, each a reward
 term for this run named after the function (`postrl.rewards.callable_reward`: in this process, a
 thread per call with a deadline; a hang or an exception is a recorded status, never a dead run).
+They are TRL's reward functions, called as TRL calls them: None means "does not apply to this
+sample" (left out of the sum and of the function's mean; a sample no weighted term applies to is
+unverified, zero advantage), and `log_extra` / `log_metric` are given to a function that takes them
+(stored with the sample as `reward_logs`, and the metrics `reward_fn/...`).
 A domain whose `reward` weights already name a function keeps the recipe's weights; otherwise every
-training domain gets the function with weight 1, next to its own reward (`reward: 1`) when the recipe
-gave it none. Under `engine: ray` the reward actor is another process a callable cannot reach: such
+training domain gets the function with its weight from `reward_weights` (TRL's GRPOConfig field:
+one per function, default 1), next to its own reward (`reward: 1`) when the recipe gave it none. Under `engine: ray` the reward actor is another process a callable cannot reach: such
 a run stops at once with one line (put the function in a module: `imports:` and `register_term`).
 
 `datasets`: {domain: data}, data a path (relative to the working directory), a list of dicts or a
@@ -60,12 +64,16 @@ Recipe = str | Path | Mapping[str, Any] | Config | None
 
 def train(recipe_or_config: Recipe = None, overrides: list[str] = (), reward_funcs: list[Callable] = (),
           datasets: Mapping[str, Any] | None = None, imports: list[str] = (), reward_timeout_s: float = TIMEOUT_S,
-          log=print) -> Path:
+          reward_weights: list[float] | None = None, log=print) -> Path:
     """Train as `postrl train` would; returns the run directory (the trained model in final/).
-    `reward_timeout_s`: the deadline of one call of a reward function (one prompt's group)."""
+    `reward_timeout_s`: the deadline of one call of a reward function (one prompt's group);
+    `reward_weights`: one weight per reward function (default 1 each)."""
     from postrl.loop import train as run_loop
 
     cfg = to_config(recipe_or_config, overrides, imports)
+    if reward_weights is not None and len(reward_weights) != len(reward_funcs):
+        raise UserError(f"reward_weights: {len(reward_weights)} weights for {len(reward_funcs)} reward functions; "
+                        "give one per function")
     terms = [CallableTerm(f, reward_timeout_s) for f in reward_funcs]
     taken = [t.name for t in terms if t.name in TERMS or t.name == OWN_REWARD]
     if taken or len({t.name for t in terms}) < len(terms):
@@ -77,7 +85,7 @@ def train(recipe_or_config: Recipe = None, overrides: list[str] = (), reward_fun
                         "(@register_term) or use verifier python:MODULE:FUNCTION")
     made = attach_datasets(cfg, datasets or {})
     try:
-        weigh_terms(cfg, [t.name for t in terms])
+        weigh_terms(cfg, [t.name for t in terms], reward_weights)
         for term in terms:
             TERMS.add(term.name, term)
         validate(cfg)
@@ -136,15 +144,16 @@ def to_config(recipe: Recipe, overrides: list[str], imports: list[str]) -> Confi
     return cfg
 
 
-def weigh_terms(cfg: Config, names: list[str]) -> None:
-    """Each callable joins every training domain's reward with weight 1 (next to the domain's own
-    reward when the recipe weighted none), unless some domain's recipe weights already name it."""
+def weigh_terms(cfg: Config, names: list[str], weights: list[float] | None = None) -> None:
+    """Each callable joins every training domain's reward with its weight (`weights`, one per name;
+    default 1), next to the domain's own reward when the recipe weighted none, unless some domain's
+    recipe weights already name it."""
     named = {term for d in cfg.domains.values() for term in d.reward}
-    for name in names:
+    for name, weight in zip(names, weights if weights is not None else [1.0] * len(names)):
         if name in named:
             continue
         for d in cfg.domains.values():
-            d.reward = {**(d.reward or {OWN_REWARD: 1.0}), name: 1.0}
+            d.reward = {**(d.reward or {OWN_REWARD: 1.0}), name: float(weight)}
 
 
 def attach_datasets(cfg: Config, datasets: Mapping[str, Any]) -> Path | None:

@@ -14,6 +14,7 @@ errors and the monitors' settings. The resolved config is what a run saves as `c
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -151,7 +152,9 @@ class DomainConfig:
     weight: float = 1.0
     """Initial sampling weight of this domain in the mixture."""
     params: dict[str, Any] = field(default_factory=dict)
-    """Domain-specific settings, validated by the domain itself (e.g. arith's `levels`)."""
+    """Domain-specific settings, validated by the domain itself (e.g. arith's `levels`). A dataset's
+    `split_by: COLUMN` with `verifiers: {VALUE: verifier or params}` makes one domain per value
+    (`split_domains`)."""
     reward: dict[str, float] = field(default_factory=dict)
     """Weighted reward terms, e.g. {compiles: 0.2, tests: 0.8}; empty = the domain's own reward."""
     temperature: float = 0.0
@@ -619,7 +622,9 @@ def validate(cfg: Config) -> None:
     """Cross-field checks that types alone cannot express (each field's own choices and range are
     checked as it loads: `from_dict`). Keys whose value names a registered thing (a loss, a domain,
     a schedule, ...) are checked against their registries by `postrl.names.check_names`, which
-    knows the registries; this module knows none."""
+    knows the registries; this module knows none. A domain entry split by a column becomes its
+    domains here (`split_domains`), so every part of the run sees them."""
+    cfg.domains, cfg.eval.domains = split_domains(cfg.domains, "domains"), split_domains(cfg.eval.domains, "eval.domains")
     t = cfg.train
     completions = t.prompts_per_step * t.samples_per_prompt
     if completions % t.minibatches:
@@ -643,6 +648,41 @@ def validate_domains(cfg: Config) -> None:
     both = sorted(set(cfg.domains) & set(cfg.eval.domains))
     if both:
         raise ConfigError(f"config key 'eval.domains.{both[0]}': already a training domain (domains.{both[0]})")
+
+
+def split_domains(domains: dict[str, DomainConfig], prefix: str) -> dict[str, DomainConfig]:
+    """Each entry whose params hold `split_by: COLUMN` and `verifiers: {VALUE: spec}` (one file,
+    several tasks: verl's `data_source`) as one entry per value, named `NAME/VALUE`, in the order
+    given: the entry's settings, its weight shared equally, its params with the value's own laid
+    over them (a spec is a verifier name, or a mapping of params such as {verifier, extract, answer})
+    and `split_value` / `split_values`, which the dataset domain reads to keep its rows. An entry
+    already split (it has `split_value`) is kept, so splitting twice changes nothing."""
+    if not any(d.params.get("split_by") and "split_value" not in d.params for d in domains.values()):
+        return domains
+    out: dict[str, DomainConfig] = {}
+    for name, d in domains.items():
+        if not d.params.get("split_by") or "split_value" in d.params:
+            out[name] = d
+            continue
+        key, per_value = f"{prefix}.{name}.params", d.params.get("verifiers")
+        if not isinstance(per_value, dict) or not per_value:
+            raise ConfigError(f"config key '{key}.verifiers': split_by needs a verifier per value, "
+                              f"e.g. {{openai/gsm8k: math, other: exact}}")
+        if "verifier" in d.params:
+            raise ConfigError(f"config key '{key}.verifier': with split_by, name the verifiers per value (verifiers)")
+        shared = {k: v for k, v in d.params.items() if k != "verifiers"}
+        for value, spec in per_value.items():
+            if not isinstance(spec, (str, dict)) or not spec:
+                raise ConfigError(f"config key '{key}.verifiers.{value}': expected a verifier name or a mapping of params")
+            part = copy.deepcopy(d)
+            part.type, part.weight = d.type or name, d.weight / len(per_value)
+            part.params = {**copy.deepcopy(shared), **({"verifier": spec} if isinstance(spec, str) else spec),
+                           "split_value": str(value), "split_values": [str(v) for v in per_value]}
+            if f"{name}/{value}" in domains:
+                raise ConfigError(f"config key '{prefix}.{name}/{value}': already a domain; {name} split by "
+                                  f"{d.params['split_by']} names it too")
+            out[f"{name}/{value}"] = part
+    return out
 
 
 def generation_limits(cfg: Config, domain: str) -> tuple[int, tuple[str, ...]]:

@@ -75,10 +75,20 @@ def domain_params(param: str) -> Callable[[Config], list[tuple[str, str, str]]]:
     def values(cfg: Config) -> list[tuple[str, str, str]]:
         domains = [(f"domains.{n}", d) for n, d in cfg.domains.items()]
         domains += [(f"eval.domains.{n}", d) for n, d in getattr(cfg.eval, "domains", {}).items()]
-        return [(f"{key}.params.{param}", d.params[param], key.rsplit(".", 1)[1])
+        return [(params_key(key, d, param), d.params[param], key.rsplit(".", 1)[1])
                 for key, d in domains if isinstance(d.params.get(param), str) and d.params[param]]
 
     return values
+
+
+def params_key(key: str, d, param: str) -> str:
+    """`KEY.params.PARAM`; for a domain made by splitting a file (`split_by`, `postrl.config.split_domains`),
+    the entry the recipe wrote: `domains.NAME.params.verifiers.VALUE` for its verifier."""
+    value = d.params.get("split_value")
+    if isinstance(value, str) and value and key.endswith(f"/{value}"):
+        parent = key[: -len(value) - 1]
+        return f"{parent}.params.verifiers.{value}" if param == "verifier" else f"{parent}.params.{param}"
+    return f"{key}.params.{param}"
 
 
 def domain_golds(cfg: Config) -> list[tuple[str, str, str]]:

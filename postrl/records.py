@@ -5,8 +5,8 @@
     Batch = the tensors the update consumes, built from a step's samples.
 
 A `Score` separates "wrong" (correct=False, status "ok") from "could not verify" (correct=None,
-status "timeout" or "error"): the trainer never turns the latter into a silent zero without it
-being counted.
+status "timeout", "error", or "not_applicable" where every reward function said None): the trainer
+never turns the latter into a silent zero without it being counted.
 """
 
 from __future__ import annotations
@@ -46,7 +46,10 @@ class Response:
 
 
 
-STATUSES = ("ok", "timeout", "error")
+STATUSES = ("ok", "timeout", "error", "not_applicable")
+NOT_APPLICABLE = "not_applicable"
+"""A reward function's None (TRL's "does not apply to this sample"): left out of the reward's sum;
+a sample no term applies to is unverified (zero advantage)."""
 
 
 @dataclass
@@ -56,13 +59,18 @@ class Score:
     correct: bool | None
     """Verifier verdict; None when the verifier could not decide."""
     status: str = "ok"
-    """ok | timeout | error: whether the verifier itself ran to completion."""
+    """ok | timeout | error | not_applicable: whether the verifier itself ran to completion."""
     components: dict[str, float] = field(default_factory=dict)
     """Named reward terms that make up `reward` (logged separately)."""
     detail: str = ""
     """Short human-readable note (e.g. an error message), for spot checks."""
     extracted: str | None = None
     """The answer the verifier graded, as extracted from the response (None: no extraction step)."""
+    logged: dict[str, Any] = field(default_factory=dict)
+    """Columns a reward function logged for this sample (TRL's `log_extra`), stored with it."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Values this sample adds to the step's metrics, each averaged over the samples that carry it:
+    a reward function's value where it applied, and what it logged with TRL's `log_metric`."""
 
 
 @dataclass

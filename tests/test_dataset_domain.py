@@ -16,7 +16,7 @@ import pytest
 from postrl.checkpoint import CheckpointManager
 from postrl.cli import main
 from postrl.config import load_config
-from postrl.errors import UserError
+from postrl.errors import ConfigError, UserError
 from postrl.records import Response
 from postrl.rewards.extract import extract
 from postrl.store.query import query
@@ -224,3 +224,136 @@ def test_train_epochs_sets_the_steps_and_draws_every_training_row_once(tiny_mode
     prompts = [p for _, p in result.rows]
     assert sorted(prompts) == sorted(r["question"] for r in rows[:12])  # every row once, no held-out row
     assert {s for s, _ in result.rows} == {0, 1, 2}
+
+
+# ---- verl's layout: dotted column paths, one file split into several domains ---------------------
+
+
+def verl_row(i: int, a: int, b: int, source: str = "openai/gsm8k") -> dict:
+    """A row as verl's examples/data_preprocess/gsm8k.py writes it."""
+    question = f"{a}+{b}="
+    return {"data_source": source, "prompt": [{"role": "user", "content": question}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": "train", "index": i, "answer": f"{a} plus {b} #### {a + b}", "question": question}}
+
+
+VERL = [verl_row(i, a, b) for i, (a, b) in enumerate([(12, 34), (5, 7), (40, 2), (19, 23), (8, 8), (31, 11)])]
+
+
+@pytest.mark.parametrize("fmt, suffix", [("jsonl", ".jsonl"), ("parquet", ".parquet"), ("disk", "")])
+def test_dotted_paths_read_nested_columns_in_every_format(tmp_path, fmt, suffix):
+    path = write(tmp_path / f"verl{suffix}", VERL, fmt)
+    d = make_domain("dataset", {"path": str(path), "messages": "prompt", "answer": "reward_model.ground_truth",
+                                "level": "extra_info.index", "verifier": "numeric", "heldout_percent": 1},
+                    seed=0, name="gsm")
+    t = next(t for t in d._train + d._heldout if t.prompt == "12+34=")
+    assert (t.answer, t.level, t.messages) == ("46", 0, ({"role": "user", "content": "12+34="},))
+    f = make_domain("dataset", {"path": str(path), "prompt": "Q: {extra_info.question} ({prompt[0].role})",
+                                "answer": "extra_info.answer", "verifier": "numeric", "heldout_percent": 1},
+                    seed=0, name="gsm")
+    t = next(t for t in f._train + f._heldout if t.meta["row"]["extra_info"]["index"] == 1)
+    assert (t.prompt, t.answer) == ("Q: 5+7= (user)", "12")  # the GSM8K reference reduced to its #### part
+    flat = write(tmp_path / "flat.jsonl", [{"reward_model.ground_truth": str(3 + i), "q": f"1+{2 + i}="}
+                                           for i in range(4)], "jsonl")
+    g = make_domain("dataset", {"path": str(flat), "prompt": "{q}", "answer": "reward_model.ground_truth",
+                                "verifier": "numeric", "heldout_percent": 1}, seed=0, name="flat")
+    assert sorted(t.answer for t in g._train + g._heldout) == ["3", "4", "5", "6"]  # a column named with a dot
+
+
+def test_a_missing_dotted_path_names_the_part_that_is_missing(tmp_path, capsys):
+    rows = [VERL[0], {**VERL[1], "reward_model": {"style": "rule"}}, {**VERL[2], "reward_model": "46"},
+            {**VERL[3], "prompt": []}]
+    path = write(tmp_path / "verl.jsonl", rows, "jsonl")  # JSON: a row may differ in shape
+    params = {"path": str(path), "prompt": "{extra_info.question}", "answer": "reward_model.ground_truth",
+              "verifier": "numeric", "heldout_percent": 1}
+    with pytest.raises(UserError) as e:
+        make_domain("dataset", params, seed=0, name="gsm")
+    assert str(e.value).splitlines() == [
+        f"{path}:2: column 'reward_model.ground_truth': reward_model has no 'ground_truth' (it has: style) "
+        "(domain gsm; on_bad_row: skip leaves such rows out)"]
+    d = make_domain("dataset", {**params, "on_bad_row": "skip", "prompt": "{prompt.0.content}"}, seed=0, name="gsm")
+    assert len(d._train + d._heldout) == 1
+    assert [s.split(": ", 1)[1] for s in d.skipped] == [
+        "column 'reward_model.ground_truth': reward_model has no 'ground_truth' (it has: style)",
+        "column 'reward_model.ground_truth': reward_model is str, not an object with 'ground_truth'",
+        "column 'prompt.0.content': prompt is a list of 0; '0' is not an index in it"]
+    assert "skipped 3 bad rows" in capsys.readouterr().err
+
+
+MIXED = [*VERL, *(verl_row(10 + i, a, a, "copy") for i, a in enumerate((3, 14, 25, 36, 47, 58)))]
+SPLIT = {"path": "mixed.parquet", "messages": "prompt", "answer": "reward_model.ground_truth", "heldout_percent": 30,
+         "split_by": "data_source", "verifiers": {"openai/gsm8k": {"verifier": "numeric", "extract": "last_number"},
+                                                  "copy": "exact"}}
+
+
+def split_config(tmp_path, rows, **params):
+    write(tmp_path / "mixed.parquet", rows, "parquet")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps({"domains": {"mix": {"type": "dataset", "weight": 2.0, "reward": {"reward": 1.0},
+                                                      "params": {**SPLIT, **params}}}}))
+    return load_config(recipe)
+
+
+def test_split_by_makes_one_domain_per_value_with_its_own_verifier(tmp_path):
+    from postrl.tasks.catalog import build_domains
+
+    cfg = split_config(tmp_path, MIXED)
+    assert list(cfg.domains) == ["mix/openai/gsm8k", "mix/copy"]
+    assert [(d.type, d.weight, d.reward) for d in cfg.domains.values()] == [("dataset", 1.0, {"reward": 1.0})] * 2
+    assert load_config(None, [f"domains={json.dumps(to_plain(cfg.domains))}"]).domains.keys() == cfg.domains.keys()
+    domains = build_domains(cfg)
+    gsm, copy = domains["mix/openai/gsm8k"], domains["mix/copy"]
+    assert {t.meta["row"]["data_source"] for t in gsm._train + gsm._heldout} == {"openai/gsm8k"}
+    assert len(gsm._train + gsm._heldout) == 6 and len(copy._train + copy._heldout) == 6
+    assert {t.domain for t in copy._train} == {"mix/copy"} and copy.verifier.extract_spec != gsm.verifier.extract_spec
+    t = gsm._train[0]
+    assert gsm.score([t], [Response(f"so {t.answer}", "stop")])[0].correct  # numeric on the last number
+    assert not copy.score([copy._train[0]], [Response(f"so {copy._train[0].answer}", "stop")])[0].correct  # exact
+
+
+def to_plain(domains):
+    from postrl.config import to_dict
+
+    return {name: to_dict(d) for name, d in domains.items()}
+
+
+def test_an_unknown_split_value_is_a_bad_row_reported_once(tmp_path, capsys):
+    from postrl.tasks.catalog import build_domains
+
+    rows = [*MIXED, verl_row(99, 1, 1, "lighteval/MATH"), {**VERL[0], "data_source": None}]
+    with pytest.raises(UserError) as e:
+        build_domains(split_config(tmp_path, rows))
+    assert str(e.value).splitlines() == [
+        f"{tmp_path / 'mixed.parquet'}:13: column 'data_source': value 'lighteval/MATH' has no verifier (verifiers "
+        "are given for: openai/gsm8k, copy) (domain mix/openai/gsm8k; on_bad_row: skip leaves such rows out)"]
+    domains = build_domains(split_config(tmp_path, rows, on_bad_row="skip"))
+    assert [len(d.skipped) for d in domains.values()] == [2, 0]  # reported by the first domain of the file
+    assert capsys.readouterr().err.count("skipped") == 1
+    with pytest.raises(ConfigError, match="domains.mix.params.verifiers"):
+        load_config(None, ["domains={mix: {type: dataset, params: {path: x.parquet, split_by: data_source}}}"])
+
+
+def test_a_verl_file_of_two_sources_trains_as_two_domains(tiny_model_dir, tmp_path):
+    """verl's GSM8K layout, `answer: reward_model.ground_truth`, split by data_source: 2 steps."""
+    rows = [verl_row(i, a, b) for i, (a, b) in enumerate((random.Random(i).randint(10, 60),
+                                                          random.Random(-i).randint(10, 39)) for i in range(24))]
+    rows += [verl_row(100 + i, a, 0, "copy") for i, a in enumerate(range(10, 34))]
+    cfg_dir = tmp_path / "cfg"
+    cfg_dir.mkdir()
+    split_config(cfg_dir, rows)
+    run_dir = tmp_path / "run"
+    code = main(["train", str(cfg_dir / "recipe.yaml"), f"model.name={tiny_model_dir}", f"run.dir={run_dir}",
+                 "train.total_steps=2", "train.prompts_per_step=4", "train.samples_per_prompt=4",
+                 "eval.num_problems=3", "eval.samples_per_problem=2", "eval.k=[1]", "run.progress=false",
+                 "eval.every_steps=1"])
+    assert code == 0
+    result = query(run_dir, "SELECT domain, json_extract_string(task_columns, '$.data_source'), answer, "
+                            "json_extract_string(task_columns, '$.reward_model.ground_truth') FROM rollouts")
+    assert {d for d, *_ in result.rows} == {"mix/openai/gsm8k", "mix/copy"}
+    assert all(d == f"mix/{source}" and answer == truth for d, source, answer, truth in result.rows)
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all({"pass_rate/mix/openai/gsm8k", "pass_rate/mix/copy", "curriculum/weight/mix/copy"} <= set(m)
+               for m in metrics)
+    for step in (1, 2):
+        assert set(json.loads((run_dir / "eval" / f"step_{step}.json").read_text())) >= {"mix/openai/gsm8k",
+                                                                                          "mix/copy"}

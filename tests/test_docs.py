@@ -140,3 +140,50 @@ def test_site_builds_strictly(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     config_page = (tmp_path / "site" / "config" / "index.html").read_text()
     assert "rl.kl_coef" in config_page and "generated: config reference" not in config_page
+
+
+# ---- coming from TRL or verl: the tables name real config keys --------------------------------------
+
+COMING = ROOT / "docs" / "coming-from-trl-verl.md"
+
+
+def config_key_exists(key: str) -> bool:
+    """Whether dotted `key` is a leaf field of the Config dataclasses: NAME stands for a dict's key
+    (`domains.NAME.reward`), and a domain's `params` are the dataset domain's (`DatasetParams`)."""
+    import dataclasses
+    import typing
+
+    from postrl.config import Config
+    from postrl.tasks.dataset import DatasetParams
+
+    tp, parts, i = Config, key.split("."), 0
+    while i < len(parts):
+        if not dataclasses.is_dataclass(tp) or parts[i] not in (hints := typing.get_type_hints(tp)):
+            return False
+        tp, i = hints[parts[i]], i + 1
+        if typing.get_origin(tp) is dict and i < len(parts):
+            if parts[i - 1] == "params":
+                tp = DatasetParams
+            elif parts[i] == "NAME":
+                tp, i = typing.get_args(tp)[1], i + 1
+            else:
+                return False
+    return not dataclasses.is_dataclass(tp)  # a value one sets, not a section
+
+
+def coming_keys() -> list[str]:
+    """The postrl column (the second) of every table row of the page, one key each."""
+    rows = [line.split("|")[1:-1] for line in COMING.read_text().splitlines() if line.startswith("| `")]
+    keys = [re.findall(r"`([^`]+)`", cells[1]) for cells in rows]
+    assert all(len(k) == 1 for k in keys), [cells for cells, k in zip(rows, keys) if len(k) != 1]
+    return [k[0] for k in keys]
+
+
+def test_coming_from_trl_verl_names_only_real_config_keys():
+    keys = coming_keys()
+    assert len(keys) >= 60 and "train.samples_per_prompt" in keys and "domains.NAME.params.split_by" in keys
+    assert [k for k in keys if not config_key_exists(k)] == []
+    for bogus in ("train.learning_rate", "domains.NAME.params.data_source", "rl", "domains.gsm.weight",
+                  "monitor.wandb.team"):  # the walk can say no
+        assert not config_key_exists(bogus), bogus
+    assert "coming-from-trl-verl.md" in (ROOT / "mkdocs.yml").read_text()

@@ -67,6 +67,17 @@ def test_a_bad_name_stops_the_command_before_anything_is_built(pattern, command,
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("command", ["train", "plan"])
+def test_a_verifier_named_per_value_of_a_split_file_is_checked_under_its_own_key(command, tmp_path, monkeypatch,
+                                                                                  capsys):
+    override = ("domains={mix: {type: dataset, params: {path: x.parquet, prompt: '{q}', answer: a, "
+                "split_by: data_source, verifiers: {openai/gsm8k: math, other: bogus_name}}}}")
+    code, err = _run_cli(command, override, tmp_path, monkeypatch, capsys)
+    assert code == 2 and not (tmp_path / "run").exists()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("error: config key 'domains.mix.params.verifiers.other' = 'bogus_name': unknown verifier")
+
+
 def test_the_train_command_exits_2_in_a_fresh_process(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -89,6 +89,16 @@ def test_unscored_sample_is_stored_as_null_not_zero(tmp_path, make_sample):
     assert row.to_sample().score is None
 
 
+def test_what_a_reward_function_logged_is_stored_with_the_sample(tmp_path, make_sample):
+    sample = make_sample("x", reward=1.0)
+    sample.score.logged = {"gold_parsed": "[46, '46']", "n": 3}
+    RolloutStore(tmp_path).write(0, [sample, make_sample("y", reward=0.0)])
+    rows = read_rows(tmp_path)
+    assert [r.reward_logs for r in rows] == ['{"gold_parsed": "[46, \'46\']", "n": 3}', None]
+    assert rows[0].to_sample().score.logged == {"gold_parsed": "[46, '46']", "n": 3}
+    assert rows[1].to_sample().score.logged == {}
+
+
 def test_last_step_truncate_and_rewrite(run_dir, make_sample):
     store = RolloutStore(run_dir)
     assert store.last_step() == 2 and shard_steps(run_dir) == [0, 1, 2]

@@ -92,8 +92,129 @@ def test_callable_term_statuses_by_hand():
     assert [(s.reward, s.status) for s in got] == [(1.0, "ok"), (0.0, "ok")]
     bad = CallableTerm(lambda p, c, **k: [1.0])(tasks, responses)
     assert {s.status for s in bad} == {"error"} and "returned 1 values for 2" in bad[0].detail
-    nan = CallableTerm(lambda p, c, **k: [None, "x"])(tasks, responses)
-    assert [s.status for s in nan] == ["error", "error"]
+    nan = CallableTerm(lambda p, c, **k: [None, "x"])(tasks, responses)  # None: TRL's "does not apply"
+    assert [s.status for s in nan] == ["not_applicable", "error"] and "value 'x' is not a number" in nan[1].detail
+    inf = CallableTerm(lambda p, c, **k: [float("nan"), float("inf")])(tasks, responses)
+    assert [s.status for s in inf] == ["error", "error"]
+
+
+# ---- TRL's reward-function semantics -------------------------------------------------------------
+
+
+def accuracy_reward(completions, solution, log_extra=None, **kwargs):
+    """TRL's `trl.rewards.accuracy_reward`, its shape and its rule: math_verify on the gold and the
+    reply, None where the gold does not parse, `log_extra` of what it parsed (used where trl is not
+    installed)."""
+    from math_verify import parse, verify
+
+    rewards, golds = [], []
+    for completion, sol in zip(completions, solution, strict=True):
+        gold = parse(sol, parsing_timeout=None)  # None: not in the main thread, as TRL's does
+        golds.append(str(gold) if gold else "[unparseable]")
+        answer = parse(completion[0]["content"], parsing_timeout=None)
+        rewards.append(float(verify(gold, answer, timeout_seconds=None)) if gold else None)
+    if log_extra is not None:
+        log_extra("solution", list(solution))
+        log_extra("gold_parsed", golds)
+    return rewards
+
+
+def trl_accuracy(source: str):
+    if source == "same shape":
+        return accuracy_reward
+    rewards = pytest.importorskip("trl.rewards", reason="trl is not installed in this environment: TRL's own "
+                                                        "accuracy_reward cannot run; its same-shape copy does")
+    return rewards.accuracy_reward
+
+
+def test_trl_calling_convention_by_keyword_with_log_extra_and_log_metric():
+    from postrl.records import NOT_APPLICABLE
+
+    tasks = [Task("d", "t1", "q", "2", meta={"row": {"answer": "2"}, "conversational": True},
+                 messages=({"role": "user", "content": "q"},))] * 3
+    responses = [Response("2", "stop"), Response("3", "stop"), Response("", "stop")]
+
+    def graded(completions, answer, log_extra, log_metric, **kwargs):  # completions first, as TRL's own
+        texts = [c[0]["content"] for c in completions]
+        log_extra("seen", texts)
+        log_metric("empty_share", sum(not t for t in texts) / len(texts))
+        return [None if not t else float(t == a) for t, a in zip(texts, answer)]
+
+    got = CallableTerm(graded)(tasks, responses)
+    assert [(s.reward, s.status) for s in got] == [(1.0, "ok"), (0.0, "ok"), (0.0, NOT_APPLICABLE)]
+    assert [s.logged for s in got] == [{"seen": "2"}, {"seen": "3"}, {"seen": ""}]
+    assert got[0].metrics == {"reward_fn/graded": 1.0, "reward_fn/graded/empty_share": 1 / 3}
+    assert got[2].metrics == {"reward_fn/graded/empty_share": 1 / 3}  # None: left out of the function's mean
+    uneven = CallableTerm(lambda completions, log_extra, **k: log_extra("x", [1]) or [1.0] * 3)(tasks, responses)
+    assert {s.status for s in uneven} == {"error"} and "log_extra('x') gave 1 values for 3" in uneven[0].detail
+
+
+def test_none_is_left_out_of_the_sum_and_all_none_is_unverified():
+    from postrl.records import NOT_APPLICABLE, Score
+    from postrl.rewards.composite import apply_terms
+    from postrl.rewards.terms import TERMS
+
+    tasks = [Task("d", "t", "q", "1")] * 3  # one group: the functions are called once
+    responses = [Response("1", "stop")] * 3
+    TERMS.add("first", CallableTerm(lambda p, c, **k: [None, 0.5, None], name="first"))
+    TERMS.add("second", CallableTerm(lambda p, c, **k: [2.0, 1.0, None], name="second"))
+    try:
+        own = [Score(1.0, True, components={"correct": 1.0})] * 3
+        got = apply_terms({"first": 1.0, "second": 0.25}, tasks, responses, own)
+        assert [s.reward for s in got] == [0.5, 0.75, 0.0]
+        assert [s.status for s in got] == ["ok", "ok", NOT_APPLICABLE] and got[2].correct is None
+        assert "first" not in got[0].components and got[1].components["first"] == 0.5
+        kept = apply_terms({"reward": 1.0, "first": 1.0}, tasks, responses, own)  # the verdict always applies
+        assert [(s.reward, s.status, s.correct) for s in kept] == [(1.0, "ok", True), (1.5, "ok", True),
+                                                                   (1.0, "ok", True)]
+    finally:
+        TERMS.remove("first")
+        TERMS.remove("second")
+
+
+def test_reward_weights_one_per_function():
+    from postrl.api import weigh_terms
+
+    cfg = load_config(RECIPE)
+    weigh_terms(cfg, ["a", "b"], [1.0, 0.25])
+    assert cfg.domains["arith"].reward == {"reward": 1.0, "a": 1.0, "b": 0.25}
+    with pytest.raises(UserError, match="reward_weights: 1 weights for 2 reward functions") as e:
+        postrl.train(RECIPE, reward_funcs=[lambda p, c: [], lambda p, c: []], reward_weights=[1.0])
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("source", ["trl", "same shape"])
+def test_trl_accuracy_reward_where_the_gold_does_not_parse_is_unverified_not_zero(tiny_model_dir, tmp_path, source):
+    accuracy = trl_accuracy(source)
+
+    def brevity(completions, solution, log_metric=None, **kwargs):  # applies where the gold is a number
+        short = [len(c[0]["content"]) < 4 for c in completions]
+        log_metric("short_share", sum(short) / len(short))
+        return [float(s) if sol.isdigit() else None for s, sol in zip(short, solution)]
+
+    rows = [{"question": f"{a}+{a}=", "solution": str(2 * a) if a % 3 else "see the proof"} for a in range(10, 50)]
+    recipe = {"domains": {"gsm": {"type": "dataset", "reward": {"accuracy_reward": 1.0},
+                                  "params": {"prompt": "{question}", "system": "Add.", "answer": "solution",
+                                             "verifier": "exact", "heldout_percent": 10}}}}
+    run_dir = postrl.train(recipe, overrides=fast(tiny_model_dir, tmp_path / "run"), datasets={"gsm": rows},
+                           reward_funcs=[accuracy, brevity], reward_weights=[1.0, 0.25], log=QUIET)
+    rows_out = read_rows(run_dir)
+    proof = [r for r in rows_out if json.loads(r.task_columns)["solution"] == "see the proof"]
+    number = [r for r in rows_out if r not in proof]
+    assert proof and number
+    assert {(r.verifier_status, r.correct, r.advantage, r.reward) for r in proof} == {("not_applicable", None, 0.0, 0.0)}
+    assert all("accuracy_reward" not in r.reward_components for r in proof)
+    assert {json.loads(r.reward_logs)["gold_parsed"] for r in proof} == {"[unparseable]"}
+    assert {r.verifier_status for r in number} == {"ok"}
+    assert all(r.reward == r.reward_components["accuracy_reward"] + 0.25 * r.reward_components["brevity"]
+               for r in number)
+    assert all(json.loads(r.reward_logs)["solution"] == json.loads(r.task_columns)["solution"] for r in number)
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for step, m in enumerate(metrics):
+        applied = [r.reward_components["accuracy_reward"] for r in number if r.step == step]
+        assert m["reward_fn/accuracy_reward"] == pytest.approx(sum(applied) / len(applied))  # None left out
+        assert 0.0 <= m["reward_fn/brevity/short_share"] <= 1.0
+        assert m["verifier/unverified"] == sum(r.step == step for r in proof) / 16
 
 
 def test_a_callable_reward_under_ray_fails_at_once_with_one_line(tmp_path):

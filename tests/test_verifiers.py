@@ -180,10 +180,19 @@ def test_a_user_reward_that_hangs_or_raises_gives_statuses_not_a_dead_run():
 def test_a_user_reward_returning_garbage_is_an_error_per_sample():
     tasks = [Task("qa", "same", "q", "1", meta={"row": {}})] * 3
     scores = user_scores("garbage", ["word", "other", "x"], tasks)
-    assert [s.status for s in scores] == ["error"] * 3
-    assert "'high' is not a number" in scores[0].detail and "no reward (None)" in scores[1].detail
+    assert [s.status for s in scores] == ["error", "not_applicable", "not_applicable"]  # None: TRL's "does not apply"
+    assert "'high' is not a number" in scores[0].detail and "does not apply (None)" in scores[1].detail
     scores = user_scores("garbage", ["short", "x"], [tasks[0], tasks[0]])
     assert all("returned 1 values for 2 completions" in s.detail for s in scores)
+
+
+def test_a_user_reward_is_called_as_trl_calls_it_and_its_logs_come_back_from_the_worker():
+    tasks = [Task("qa", "same", "q", "42", meta={"row": {"answer": "42"}})] * 3
+    scores = user_scores("trl_logged", ["42", "41", ""], tasks)
+    assert [(s.reward, s.status) for s in scores] == [(1.0, "ok"), (0.0, "ok"), (0.0, "not_applicable")]
+    assert [s.logged for s in scores] == [{"reply": "42"}, {"reply": "41"}, {"reply": ""}]
+    assert scores[0].metrics == {"reward_fn/trl_logged": 1.0, "reward_fn/trl_logged/calls": 1.0}
+    assert scores[2].metrics == {"reward_fn/trl_logged/calls": 1.0}
 
 
 def test_a_reward_model_verifier_scores_in_0_1(tmp_path):

@@ -30,3 +30,10 @@ def garbage(prompts, completions, **columns):
     if completions[0] == "short":
         return [1.0]  # one value whatever the number of completions
     return ["high" if c == "word" else None for c in completions]
+
+
+def trl_logged(completions, answer, log_extra=None, log_metric=None, **kwargs):
+    """TRL's shape: completions first, by keyword; None for an empty reply; logs a column and a metric."""
+    log_extra("reply", list(completions))
+    log_metric("calls", 1.0)
+    return [None if not c else float(c == a) for c, a in zip(completions, answer)]

@@ -26,6 +26,8 @@ Stable metric names (scripts, the report and the monitors rely on these; add, ne
     batch/<domain>                         share of the step's samples drawn from each domain
     curriculum/weight/<domain>             sampling weight of each domain
     monitor/<name>                         the statistic each monitor tested (postrl.monitor.monitors)
+    reward_fn/<function>                   a reward function's mean over the samples it applied to
+    reward_fn/<function>/<name>            what it logged with TRL's log_metric, averaged over the step
 
 Eval results are not metrics: the loop writes them to `eval/step_N.json` as
 `{domain: {"greedy": x, "pass@1": x, "pass@8": x}}`.

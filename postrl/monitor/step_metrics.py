@@ -3,8 +3,9 @@
     metrics = step_metrics(samples, stats, StepTimes(sample_s, reward_s, update_s), kl_coef)
 
 Per step: reward, pass rate, KL, entropy, clip fraction, length, throughput, time per stage,
-loss, gradient norm, learning rate, the share of samples the verifier could not grade; and per
-domain the reward, pass rate, entropy and share of the batch. The curriculum, the engine and
+loss, gradient norm, learning rate, the share of samples the verifier could not grade; per
+domain the reward, pass rate, entropy and share of the batch; and what reward functions report
+(`reward_fn/...`). The curriculum, the engine and
 dynamic sampling report their own metrics (`metrics()` on each); the loop merges them.
 """
 
@@ -48,7 +49,18 @@ def step_metrics(samples: list[Sample], stats: UpdateStats, times: StepTimes, kl
         m[f"pass_rate/{name}"] = mean(bool(samples[i].score and samples[i].score.correct) for i in idx)
         m[f"entropy/{name}"] = mean(stats.sample_entropy[i] for i in idx)
         m[f"batch/{name}"] = len(idx) / len(samples)
-    return m | stats.offpolicy
+    return m | reward_function_metrics(samples) | stats.offpolicy
+
+
+def reward_function_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Each value the samples' scores carry for the step's metrics (`Score.metrics`: a reward
+    function's mean where it applied, what it logged with `log_metric`), averaged over the samples
+    that carry it, so a function's None is left out of its mean as TRL leaves it out."""
+    carried: dict[str, list[float]] = {}
+    for s in samples:
+        for key, value in (s.score.metrics if s.score is not None else {}).items():
+            carried.setdefault(key, []).append(value)
+    return {key: mean(values) for key, values in sorted(carried.items())}
 
 
 def mean(values) -> float:

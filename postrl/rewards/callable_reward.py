@@ -6,14 +6,15 @@ in the trainer's process, since a callable (a closure, a lambda, a bound method)
     term = CallableTerm(brevity)                     # registered for one run as the term `brevity`
     scores = term(tasks, responses)                  # one Score per response
 
-The signature is TRL's and `python:MODULE:FUNCTION`'s (`postrl.rewards.user_reward`): batched over
-one prompt's group, `prompts` and `completions` chat messages for a chat domain and strings
-otherwise, every dataset column as a keyword (one entry per completion). The statuses are that
-verifier's too: each call runs in a thread with a deadline of `timeout_s`; past it the group's
-samples get `timeout` (the thread cannot be killed: it is left behind, a daemon, and the run goes
-on), an exception gives `error` naming it, and a return that is not one number or None per
-completion gives `error`. None, NaN and inf are "could not verify" (`error`). Nothing it does ends
-the run.
+The signature and the call are TRL's and `python:MODULE:FUNCTION`'s (`postrl.rewards.user_reward`):
+batched over one prompt's group, `prompts` and `completions` chat messages for a chat domain and
+strings otherwise, every dataset column as a keyword (one entry per completion), TRL's `log_extra`
+and `log_metric` when the function takes them. The statuses are that verifier's too: each call runs
+in a thread with a deadline of `timeout_s`; past it the group's samples get `timeout` (the thread
+cannot be killed: it is left behind, a daemon, and the run goes on), an exception gives `error`
+naming it, and a return that is not one number or None per completion gives `error`. None is TRL's
+"does not apply" (`not_applicable`: left out of the reward's sum); NaN and inf are "could not
+verify" (`error`). Nothing it does ends the run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ import threading
 from collections.abc import Callable, Sequence
 
 from postrl.records import Response, Score, Task
-from postrl.rewards.user_reward import groups_by_task, plain_value, trl_arguments, value_score
+from postrl.rewards.user_reward import (
+    RewardLogs,
+    call_reward,
+    group_scores,
+    groups_by_task,
+    plain_value,
+    trl_arguments,
+)
 from postrl.rewards.verifiers import VerifierSettings
 
 TIMEOUT_S = VerifierSettings.timeout_s
@@ -45,21 +53,19 @@ class CallableTerm:
         return scores  # type: ignore[return-value]  (every index is in one group)
 
     def _group(self, args: dict, n: int) -> list[Score]:
-        status, values, detail = self._call(args)
+        logs = RewardLogs()
+        status, values, detail = self._call(args, logs)
         if status != "ok":
             return [Score(0.0, None, status, {}, detail) for _ in range(n)]  # composite names the term
-        if len(values) != n:
-            return [Score(0.0, None, "error", {}, f"returned {len(values)} values for {n} completions")
-                    for _ in range(n)]
-        return [value_score(plain_value(v), self.name) for v in values]
+        return group_scores([plain_value(v) for v in values], logs.as_dict(), n, self.name)
 
-    def _call(self, args: dict) -> tuple[str, list, str]:
+    def _call(self, args: dict, logs: RewardLogs) -> tuple[str, list, str]:
         """(status, values, detail) of one call, in a daemon thread with the deadline."""
         box: dict = {}
 
         def target() -> None:
             try:
-                box["value"] = list(self.fn(args["prompts"], args["completions"], **args["columns"]))
+                box["value"] = call_reward(self.fn, args, logs)
             except BaseException as e:  # noqa: BLE001 - any failure of the user's reward is a status
                 box["error"] = e
 

@@ -21,6 +21,11 @@ The result keeps every term's unweighted value in `components` (so each is logge
 sets `reward` to the weighted sum, and leaves `correct`, `status` and `detail` untouched: a
 verifier timeout stays a timeout even when shaping terms give the sample a non-zero reward.
 Empty weights return the domain's scores unchanged.
+
+A term (or the domain's own reward) whose status is `not_applicable` (a TRL reward function's None)
+is left out: of the sum and of `components`. A sample that no weighted term applies to has status
+`not_applicable` and no verdict: unverified, zero advantage, as TRL leaves such a sample out of its
+group's baseline. What the terms logged (`Score.logged`, `Score.metrics`) goes with the result.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import postrl.rewards.extract  # noqa: F401  (registers the term `format`)
 import postrl.rewards.format  # noqa: F401  (registers the format and shaping terms)
 import postrl.rewards.math  # noqa: F401  (registers the term `math`)
 from postrl.errors import UserError
-from postrl.records import Score
+from postrl.records import NOT_APPLICABLE, Score
 from postrl.rewards.terms import OWN_REWARD, TERMS
 
 
@@ -78,20 +83,31 @@ def apply_terms(
 
 
 def _combine(weights: dict[str, float], own: Score, terms: dict[str, Score]) -> Score:
-    reward = sum(weights[name] * t.reward for name, t in terms.items())
-    status, detail = own.status, own.detail
-    failed = [(name, t) for name, t in terms.items() if t.status != "ok"]
+    applied = {name: t for name, t in terms.items() if t.status != NOT_APPLICABLE}
+    reward = sum(weights[name] * t.reward for name, t in applied.items())
+    status, detail, correct = own.status, own.detail, own.correct
+    if status == NOT_APPLICABLE and applied:  # the verifier does not apply, a weighted term does
+        status, detail = "ok", ""
+    if status == "ok" and not applied:
+        status, correct = NOT_APPLICABLE, None
+        detail = "; ".join(f"{name}: {t.detail}" for name, t in terms.items())
+    failed = [(name, t) for name, t in applied.items() if t.status != "ok"]
     if status == "ok" and failed:
         status = failed[0][1].status
         detail = "; ".join(f"{name}: {t.status} {t.detail}".strip() for name, t in failed)
-    components = {**own.components, **{name: t.reward for name, t in terms.items()}}
-    return replace(own, reward=float(reward), status=status, detail=detail, components=components)
+    components = {**own.components, **{name: t.reward for name, t in applied.items()}}
+    logged, metrics = dict(own.logged), dict(own.metrics)
+    for t in terms.values():
+        logged.update(t.logged)
+        metrics.update(t.metrics)
+    return replace(own, reward=float(reward), correct=correct, status=status, detail=detail,
+                   components=components, logged=logged, metrics=metrics)
 
 
 def _term_values(name, declared, tasks, responses, scores, timings) -> list[Score]:
     t0 = time.perf_counter()
     if name == OWN_REWARD:
-        vals = [Score(s.reward, s.correct) for s in scores]
+        vals = [Score(s.reward, s.correct, NOT_APPLICABLE if s.status == NOT_APPLICABLE else "ok") for s in scores]
     elif name in declared or name not in TERMS:
         # a component absent from one score (e.g. a verifier error) contributes nothing
         vals = [Score(float(s.components.get(name, 0.0)), None) for s in scores]

@@ -68,6 +68,7 @@ SCHEMA = pa.schema(
         ("end_reason", pa.string()),
         ("tool_calls", pa.int32()),
         ("tool_errors", pa.int32()),
+        ("reward_logs", pa.string()),
     ],
     metadata={"postrl.schema_version": SCHEMA_VERSION},
 )
@@ -121,6 +122,9 @@ class RolloutRow:
     tool_calls: int | None = None
     tool_errors: int | None = None
     """Tool calls of the episode, and those whose status was not ok (None: single turn)."""
+    reward_logs: str | None = None
+    """What reward functions logged for this sample with TRL's `log_extra`, as a JSON object
+    (None: nothing): `SELECT json_extract_string(reward_logs, '$.answer_parsed') ...`."""
 
     @classmethod
     def from_sample(cls, run: str, step: int, index: int, sample) -> RolloutRow:
@@ -152,6 +156,7 @@ class RolloutRow:
             timings={k: float(v) for k, v in sample.timings.items()},
             task_columns=_row_json(sample.task),
             extracted=None if score is None else score.extracted,
+            reward_logs=json.dumps(score.logged, ensure_ascii=False, default=str) if score and score.logged else None,
             **_episode_columns(sample),
         )
 
@@ -170,6 +175,7 @@ class RolloutRow:
                 components=dict(self.reward_components),
                 detail=self.detail,
                 extracted=self.extracted,
+                logged=json.loads(self.reward_logs) if self.reward_logs else {},
             )
         return Sample(
             task=task,

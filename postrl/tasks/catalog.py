@@ -11,7 +11,10 @@ A recipe's domain is registered under `domains.NAME.type`, or NAME when the type
       arith_hard: {type: arith, params: {levels: [5]}} # a second `arith`, its tasks labelled arith_hard
 
 The recipe's key is the domain's name: its tasks carry it, and it keys weights, reward terms and
-metrics. The trainer and the Ray reward actor both build their domains here, the same way.
+metrics. The trainer and the Ray reward actor both build their domains here, the same way. A dataset
+entry split by a column (`split_by`, one domain per value) is already one entry per value when it
+gets here: the config splits it (`postrl.config.split_domains`), so that every lookup by name
+(weights, reward terms, generation limits, sampler processes) sees the same domains.
 """
 
 from __future__ import annotations

@@ -16,8 +16,22 @@
         type: dataset
         params: {path: mbpp.jsonl, prompt: "{text}", verifier: code, tests: test_list, tests_style: assert}
 
+      mixed:                                  # verl's layout: one file, a domain per data_source
+        type: dataset
+        params: {path: train.parquet, messages: prompt, answer: reward_model.ground_truth,
+                 split_by: data_source, verifiers: {openai/gsm8k: math, my/trivia: exact}}
+
 Relative paths resolve against the recipe's directory (`base_dir`, filled from `Config.base_dir`).
 Files are read by `postrl.tasks.dataset_files`; nothing is downloaded.
+
+A param that names a column takes a dotted path into nested values (`lookup`): Parquet structs,
+JSON objects and `datasets` features, `reward_model.ground_truth`, `{extra_info.question}` in a
+prompt, a number indexing a list (`prompt.0.content`); a column whose own name has a dot wins.
+
+`split_by`: the config makes one domain per value of `verifiers` (`postrl.config.split_domains`,
+named `NAME/VALUE`, each with `split_value` and every `split_values`); each reads the whole file and
+keeps its value's rows. A row whose value has no verifier is a bad row, reported once, by the first
+of them, as a row that belongs to none of them is.
 
 A row becomes a `Task`: `prompt` is the formatted user turn (for `messages: COLUMN`, the last user
 message), `messages` the system prompt (when given) and the user turn, or the row's own chat
@@ -26,9 +40,10 @@ to what follows its last `####`; `level` the `level` column's integer (`3` or `"
 without one); `meta["row"]` every column of the row, which the rollout store keeps with each
 sample (`task_columns`). The task id is a hash of the row, so the same row has the same id.
 
-A malformed row (a column missing or empty, a value of the wrong type, tests that are not Python)
-stops the build with one line naming `FILE:LINE` and the column, or, with `on_bad_row: skip`, is
-left out, counted in `skipped` and reported in one line on stderr.
+A malformed row (a column missing or empty, a dotted path with a part missing, a value of the wrong
+type, tests that are not Python, a `split_by` value with no verifier) stops the build with one line
+naming `FILE:LINE`, the column and the missing part, or, with `on_bad_row: skip`, is left out,
+counted in `skipped` and reported in one line on stderr.
 
 Held out: the rows of `heldout_path`, or else a fixed `heldout_percent` of `path` (10 by default)
 chosen by a hash of the prompt, so the split never depends on a seed and a repeated question
@@ -50,7 +65,7 @@ import random
 import re
 import string
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from postrl.errors import UserError
@@ -99,6 +114,13 @@ class DatasetParams:
     """The column holding a difficulty level for the curriculum (an integer, or text with one)."""
     on_bad_row: str = "error"
     """error: a malformed row stops the run; skip: it is left out and counted."""
+    split_by: str = ""
+    """The column (or dotted path) whose value picks a row's domain: one file, several tasks (verl's
+    `data_source`); give `verifiers: {VALUE: verifier or params}` and the config makes one domain per value."""
+    split_value: str = ""
+    """split_by: the value whose rows this domain keeps (filled from `verifiers` by the config)."""
+    split_values: list[str] = field(default_factory=list)
+    """split_by: every value given a verifier; a row with another value is a bad row (filled by the config)."""
     timeout_s: float = 10.0
     """Deadline of one user reward call or one program's test run."""
     memory_mb: int = 512
@@ -172,6 +194,8 @@ class Dataset:
             raise UserError(f"{self._key('tests')}: the code verifier needs the column of tests")
         if kind == "code" and p.tests_style == "check" and not p.entry_point:
             raise UserError(f"{self._key('entry_point')}: tests_style check needs the column naming the function")
+        if p.split_by and p.split_value not in p.split_values:
+            raise UserError(f"{self._key('split_by')}: give a verifier per value (verifiers: {{VALUE: verifier}})")
         if p.on_bad_row not in ("error", "skip"):
             raise UserError(f"{self._key('on_bad_row')} = {p.on_bad_row!r}: expected error or skip")
         percent = p.heldout_percent
@@ -201,13 +225,42 @@ class Dataset:
             try:
                 if isinstance(row, BadRow):
                     raise RowError("", row.problem)
-                tasks.append(self.task_of_row(row, where))
+                if self._keeps(row):
+                    tasks.append(self.task_of_row(row, where))
             except RowError as e:
+                if not self._reports(row):
+                    continue
                 message = e.at(where)
                 if self.params.on_bad_row == "error":
                     raise UserError(f"{message} (domain {self.name}; on_bad_row: skip leaves such rows out)") from None
                 self.skipped.append(message)
         return tasks
+
+    def _keeps(self, row: dict[str, Any]) -> bool:
+        """Whether the row is this domain's: always, unless the file is split by a column
+        (`split_by`), where it must hold this domain's value; a value no domain of the file was
+        given a verifier for is a bad row."""
+        p = self.params
+        if not p.split_by:
+            return True
+        value = _column(row, p.split_by)
+        if str(value) in p.split_values:
+            return str(value) == p.split_value
+        raise RowError(p.split_by, f"value {value!r} has no verifier (verifiers are given for: "
+                                   f"{', '.join(p.split_values)})")
+
+    def _reports(self, row: Any) -> bool:
+        """Whether a bad row is this domain's to report. Every domain of a split file reads all of
+        it; a row that belongs to none of them (not an object, no value, an unknown value) is
+        reported once, by the first, and one that has a value by the domain of that value."""
+        p = self.params
+        if not p.split_by:
+            return True
+        try:
+            value = str(_column(row, p.split_by)) if isinstance(row, dict) else None
+        except RowError:
+            value = None
+        return value == p.split_value or (value not in p.split_values and p.split_value == p.split_values[0])
 
     def task_of_row(self, row: dict[str, Any], where: str = "") -> Task:
         """The task of one row; raises `RowError` naming the column when the row is malformed
@@ -314,11 +367,36 @@ class Dataset:
 
 
 def _column(row: dict[str, Any], column: str) -> Any:
-    if column not in row:
-        raise RowError(column, "missing")
-    if row[column] is None:
+    value = lookup(row, column)
+    if value is None:
         raise RowError(column, "empty (null)")
-    return row[column]
+    return value
+
+
+def lookup(row: dict[str, Any], column: str) -> Any:
+    """The value at `column`: a column's name, or a dotted path into nested objects (Parquet
+    structs, JSON objects, `datasets` features), `reward_model.ground_truth`; a number indexes a
+    list (`prompt.0.content`, or `prompt[0]`). A name that is itself a column wins over a path, so
+    flattened columns (`a.b` written by pandas) still read. Raises RowError naming the missing part."""
+    if column in row:
+        return row[column]
+    parts = re.findall(r"[^.\[\]]+", column)
+    if len(parts) < 2:
+        raise RowError(column, "missing")
+    value: Any = row
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "the row"
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict):
+            raise RowError(column, f"{where} has no {part!r} (it has: {', '.join(map(str, value)) or 'nothing'})")
+        elif isinstance(value, list):
+            raise RowError(column, f"{where} is a list of {len(value)}; {part!r} is not an index in it")
+        else:
+            raise RowError(column, f"{where} is {type(value).__name__}, not an object with {part!r}")
+    return value
 
 
 def _text(row: dict[str, Any], column: str) -> str:
@@ -329,13 +407,22 @@ def _text(row: dict[str, Any], column: str) -> str:
 
 
 def _format(template: str, row: dict[str, Any]) -> str:
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is not None:
-            _column(row, re.split(r"[.\[]", field, maxsplit=1)[0])
+    """`template` with each `{field}` replaced by the row's value at that column or dotted path
+    (`{extra_info.question}`); conversions and format specs as str.format's (`{n!r}`, `{x:>4}`)."""
+    out = []
     try:
-        return template.format(**row)
-    except (KeyError, IndexError, AttributeError, ValueError, TypeError) as e:
+        for literal, field, spec, conversion in string.Formatter().parse(template):
+            out.append(literal)
+            if field is None:
+                continue
+            if not field:
+                raise ValueError("positional fields {} name no column")
+            value = _column(row, field)
+            value = {"r": repr, "s": str, "a": ascii}[conversion](value) if conversion else value
+            out.append(format(value, spec or ""))
+    except (KeyError, IndexError, ValueError, TypeError) as e:
         raise RowError("", f"prompt {template!r} cannot be formatted with this row ({type(e).__name__}: {e})") from None
+    return "".join(out)
 
 
 def _reference(text: str) -> str:
