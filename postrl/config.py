@@ -171,6 +171,9 @@ class DomainConfig:
     tools: list[str] = field(default_factory=list)
     """Tools the model may call in this domain's episodes (registered names: `calculator`, `python`,
     user tools); any domain given tools becomes a multi-turn environment (docs/agents.md)."""
+    tool_format: str = "auto"
+    """How the model writes tool calls: hermes | qwen3 | llama3 | mistral (postrl.tools.formats), or
+    auto (the format the model's chat template asks for; hermes for a model without one)."""
     max_turns: int = ranged(0, ge=0)
     """Most assistant turns in one episode (0 = the environment's own: 4 with tools, a code-retry
     domain's retries + 1, 1 otherwise)."""

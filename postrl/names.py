@@ -19,7 +19,7 @@ from typing import Protocol
 
 from postrl.algo.advantages import ADVANTAGES
 from postrl.algo.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSSES
-from postrl.config import Config
+from postrl.config import Config, DomainConfig
 from postrl.curriculum.schedule import SCHEDULES
 from postrl.engines.registry import ENGINES
 from postrl.engines.replay import PREFIX as REPLAY
@@ -36,6 +36,7 @@ from postrl.rewards.verifiers import VerifierNames
 from postrl.store.rollouts import shard_steps
 from postrl.tasks.catalog import DOMAINS  # its import registers the built-in domains and verifiers
 from postrl.tools.base import TOOLS  # the built-in tools are registered by the catalog's import (tasks.env)
+from postrl.tools.formats import AUTO, TOOL_FORMATS
 
 
 class Names(Protocol):
@@ -96,11 +97,28 @@ def domain_golds(cfg: Config) -> list[tuple[str, str, str]]:
     return [(f"domains.{n}.gold", d.gold, n) for n, d in cfg.domains.items() if d.gold]
 
 
+def all_domains(cfg: Config) -> list[tuple[str, DomainConfig]]:
+    """(key, entry) of every domain, trained (`domains.NAME`) or eval-only (`eval.domains.NAME`)."""
+    return [(f"domains.{n}", d) for n, d in cfg.domains.items()] + \
+        [(f"eval.domains.{n}", d) for n, d in cfg.eval.domains.items()]
+
+
 def domain_tools(cfg: Config) -> list[tuple[str, str, str]]:
     """Every tool a domain (trained or eval-only) names in `tools:`."""
-    domains = [(f"domains.{n}", d) for n, d in cfg.domains.items()]
-    domains += [(f"eval.domains.{n}", d) for n, d in cfg.eval.domains.items()]
-    return [(f"{key}.tools", tool, key.rsplit(".", 1)[1]) for key, d in domains for tool in d.tools]
+    return [(f"{key}.tools", tool, key.rsplit(".", 1)[1]) for key, d in all_domains(cfg) for tool in d.tools]
+
+
+def domain_tool_formats(cfg: Config) -> list[tuple[str, str, str]]:
+    """Every domain's (trained or eval-only) `tool_format`."""
+    return [(f"{key}.tool_format", d.tool_format, key.rsplit(".", 1)[1]) for key, d in all_domains(cfg)]
+
+
+def tool_format_settings(cfg: Config, domain: str) -> Registry:
+    """What `tool_format` may name: auto (from the chat template) or a registered format."""
+    valid = Registry("tool format")
+    for name in (AUTO, *TOOL_FORMATS.names()):
+        valid.add(name, None)
+    return valid
 
 
 def monitor_actions(cfg: Config) -> list[tuple[str, str, str]]:
@@ -147,6 +165,7 @@ NAMED_KEYS: list[NamedKey] = [
     NamedKey("domains.NAME.gold", lambda cfg, _: VerifierNames(cfg.base_dir), domain_golds),
     NamedKey("eval.domains.NAME.type", lambda cfg, _: DOMAINS, eval_domain_types),
     NamedKey("domains.NAME.tools", lambda cfg, _: TOOLS, domain_tools),
+    NamedKey("domains.NAME.tool_format", tool_format_settings, domain_tool_formats),
     NamedKey("monitor.NAME.action", lambda cfg, _: ALERT_ACTIONS, monitor_actions),
     NamedKey("monitor.sinks", lambda cfg, _: SINKS),
     NamedKey("pipeline.source", lambda cfg, _: RolloutSources()),

@@ -37,6 +37,7 @@ BAD_NAMES = {
     "domains.NAME.gold": ("domains.arith.gold=bogus_name", "domains.arith.gold"),
     "eval.domains.NAME.type": ("eval.domains.extra.type=bogus_name", "eval.domains.extra.type"),
     "domains.NAME.tools": ("domains.arith.tools=[bogus_name]", "domains.arith.tools"),
+    "domains.NAME.tool_format": ("domains.arith.tool_format=bogus_name", "domains.arith.tool_format"),
     "monitor.NAME.action": ("monitor.kl_spike.action=bogus_name", "monitor.kl_spike.action"),
     "monitor.sinks": ("monitor.sinks=[bogus_name]", "monitor.sinks"),
     "pipeline.source": ("pipeline.source=replay:/nonexistent", "pipeline.source"),

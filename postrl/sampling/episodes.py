@@ -14,7 +14,9 @@ log-prob 0 and loss mask 0 (`Sample.loss_mask`): out of the loss and the KL.
 Limits, and the episode's recorded end reason: the environment ends it (`done`); `max_turns`
 assistant turns (`max_turns`); the token budget, prompt plus every turn and observation
 (`context`: a turn is sampled with at most the tokens left, and an observation that does not fit
-ends the episode); a turn that hits max_new_tokens (`length`).
+ends the episode); a turn that hits max_new_tokens (`length`). Before episodes open, an
+environment with `use_chat_template` is handed the tokenizer's chat template (a tool environment
+reads calls in the format it asks for).
 
 Draws: every round samples the live episodes in a fixed order (by temperature, turn limit and
 stop strings, then row order) from the one generator, so an order's episodes are a function of
@@ -101,6 +103,9 @@ def sample_episodes(
     trivial single-turn episode. `on_ready` gets each set of whole groups as their last episode ends."""
     was_training = policy.model.training
     policy.model.eval()
+    for env in envs.values():  # an environment whose turns depend on the template (tool_format: auto) learns it
+        if callable(getattr(env, "use_chat_template", None)):
+            env.use_chat_template(getattr(policy.tok, "chat_template", None))
     temps = temperatures or [params.temperature] * (len(tasks) * n)
     rows = [_open_row(policy, g, task, envs.get(task.domain), limits(task), temps[g * n + j])
             for g, task in enumerate(tasks) for j in range(n)]

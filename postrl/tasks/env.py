@@ -10,11 +10,14 @@
                                          #   template that renders tools itself
     env.max_turns                        # most assistant turns in an episode
     env.stop                             # strings that end an assistant turn (a tool call's closing tag)
+    env.use_chat_template(template)      # optional: told the model's chat template before episodes open
     env.score_episodes(tasks, responses, episodes)   # one Score per finished episode
 
 Any domain becomes one by `tools:` or `max_turns:` in its recipe entry (`ToolEnv` wraps it); a
 domain registered as an environment type (`type: code_retry`) is one already, and may be wrapped
-too for tools. A single-turn domain is the trivial environment: its episode ends at the first
+too for tools. Its calls are read in its `tool_format` (`postrl.tools.formats`); `auto` follows
+the chat template the episode runner hands `use_chat_template` (hermes until then, and for a
+model without one). A single-turn domain is the trivial environment: its episode ends at the first
 answer. Turn limits and the token budget are the episode runner's
 (`postrl.sampling.episodes`), which knows no environment's internals; this module knows no policy.
 """
@@ -31,19 +34,20 @@ from postrl.sandbox.pool import SandboxConfig
 from postrl.tasks.base import DOMAINS
 from postrl.tools import builtin  # noqa: F401  (registers calculator and python)
 from postrl.tools.base import (
-    CALL_CLOSE,
     RESULT_CLOSE,
     RESULT_OPEN,
     ToolContext,
-    describe,
+    ToolResult,
     make_tools,
-    parse_call,
     run_call,
     tool_schemas,
 )
+from postrl.tools.formats import AUTO, ToolFormat, resolve_format
 
 Messages = list[dict[str, Any]]
 DEFAULT_TOOL_TURNS = 4
+MAX_CALLS_PER_TURN = 8
+"""Calls of one turn that are run (formats with several calls a turn); the rest get one `malformed` observation."""
 
 
 class Episode(Protocol):
@@ -100,8 +104,8 @@ class ToolEpisode:
     """An episode in which tool calls are answered here; any other turn goes to the inner episode
     (or, for a single-turn domain, ends the episode: the domain grades it)."""
 
-    def __init__(self, inner: Episode | None, messages: Messages, tools: dict, ctx: ToolContext):
-        self.inner, self.messages, self.tools, self.ctx = inner, messages, tools, ctx
+    def __init__(self, inner: Episode | None, messages: Messages, tools: dict, ctx: ToolContext, fmt: ToolFormat):
+        self.inner, self.messages, self.tools, self.ctx, self.format = inner, messages, tools, ctx, fmt
         self.template_messages: Messages = messages
         """The opening messages without the tools' description, for a template given `tool_schemas`."""
         self.tool_schemas: list[dict] = []
@@ -117,13 +121,20 @@ class ToolEpisode:
         return dict(getattr(self.inner, "components", {}))
 
     def step(self, assistant_text: str) -> tuple[Messages | None, float | None, bool]:
-        call = parse_call(assistant_text) if self.tools else None
-        if call is None:
+        calls = self.format.parse(assistant_text) if self.tools else []
+        if not calls:
             return self.inner.step(assistant_text) if self.inner is not None else (None, None, True)
-        result = run_call(call, self.tools, self.ctx)
-        name = getattr(call, "name", "")
-        return [{"role": "tool", "content": f"{RESULT_OPEN}{result.text}{RESULT_CLOSE}", "tool": name,
-                 "status": result.status}], None, False
+        observation = [tool_message(getattr(call, "name", ""), run_call(call, self.tools, self.ctx))
+                       for call in calls[:MAX_CALLS_PER_TURN]]
+        if len(calls) > MAX_CALLS_PER_TURN:
+            observation.append(tool_message("", ToolResult(f"{len(calls) - MAX_CALLS_PER_TURN} more calls not run "
+                                                           f"(at most {MAX_CALLS_PER_TURN} a turn)", "malformed")))
+        return observation, None, False
+
+
+def tool_message(name: str, result: ToolResult) -> dict[str, Any]:
+    """A call's result as the observation turn the model reads, with the tool and status recorded."""
+    return {"role": "tool", "content": f"{RESULT_OPEN}{result.text}{RESULT_CLOSE}", "tool": name, "status": result.status}
 
 
 class ToolEnv:
@@ -138,8 +149,10 @@ class ToolEnv:
         self.ctx = ToolContext(dcfg.tool_timeout_s, dcfg.tool_output_chars, self.sandbox)
         inner_turns = getattr(domain, "max_turns", 1) if is_environment(domain) else 1
         self.max_turns = dcfg.max_turns or (inner_turns + DEFAULT_TOOL_TURNS - 1 if self.tools else inner_turns)
-        inner_stop = tuple(getattr(domain, "stop", ()))
-        self.stop = inner_stop + ((CALL_CLOSE,) if self.tools else ())
+        self.inner_stop = tuple(getattr(domain, "stop", ()))
+        self.format_setting = dcfg.tool_format
+        """`domains.NAME.tool_format`: a format's name, or auto (resolved by `use_chat_template`)."""
+        self.format = resolve_format(dcfg.tool_format, None, key=f"domains.{name}.tool_format")
         self.reward_components = getattr(domain, "reward_components", ())
 
     def __getattr__(self, attr: str) -> Any:  # levels, sample, heldout, state_dict, sandbox_config, ...
@@ -147,11 +160,22 @@ class ToolEnv:
             raise AttributeError(attr)
         return getattr(self.domain, attr)
 
+    @property
+    def stop(self) -> tuple[str, ...]:
+        """The inner domain's stop strings, and the format's (a call's closing tag) when there are tools."""
+        return self.inner_stop + (self.format.stop if self.tools else ())
+
+    def use_chat_template(self, chat_template: str | dict | None) -> None:
+        """The model's chat template (the episode runner's tokenizer's): under `tool_format: auto`,
+        calls are read in the format it asks for."""
+        if self.format_setting == AUTO:
+            self.format = resolve_format(AUTO, chat_template)
+
     def reset(self, task: Task) -> ToolEpisode:
         inner = self.domain.reset(task) if is_environment(self.domain) else None
         opening = [dict(m) for m in inner.messages] if inner is not None else opening_messages(task)
-        episode = ToolEpisode(inner, with_system(opening, describe(self.tools)) if self.tools else opening,
-                              self.tools, self.ctx)
+        episode = ToolEpisode(inner, with_system(opening, self.format.describe(self.tools)) if self.tools else opening,
+                              self.tools, self.ctx, self.format)
         if self.tools:  # for a chat template that renders tools itself, from their schemas
             episode.template_messages, episode.tool_schemas = opening, tool_schemas(self.tools)
         return episode

@@ -2,18 +2,19 @@
 
     TOOLS.names()                                   # calculator, python, and user tools
     tools = make_tools(["calculator"], ToolContext(timeout_s=5, output_chars=500))
-    call = parse_call(text)                         # None (no call), a ToolCall, or a CallError
+    call = parse_call(text)                         # None (no call), a ToolCall, or a CallError (Hermes)
     result = run_call(call, tools, ctx)             # ToolResult(text, status), never raises
 
-The call format, Hermes-style (Qwen2.5's and Hermes' chat templates ask for it too):
+The Hermes call format, parsed here (Qwen2.5's and Hermes' chat templates ask for it too; the
+other formats, Qwen3's, Llama 3.x's and Mistral's, are `postrl.tools.formats`, built on `json_call`):
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call>
 
 A chat template that renders tools itself (it takes `tools=`: Qwen2.5, Hermes) describes them
 from each tool's JSON schema (`Tool.schema`, `tool_schemas`); a model without one (SmolLM2, the
-built-in models) gets `describe`'s system message. Either way the calls are parsed here.
+built-in models) gets `describe`'s system message.
 
-Sampling of a turn stops at `</tool_call>`; the result comes back as the next observation,
+Sampling of a Hermes turn stops at `</tool_call>`; the result comes back as the next observation,
 `<tool_result>...</tool_result>`. A user tool is a typed Python function, registered by name in a
 module the recipe imports (`imports:`); its signature and docstring are its description:
 
@@ -166,10 +167,13 @@ def tool_schemas(tools: dict[str, Tool]) -> list[dict[str, Any]]:
     return [t.schema for t in tools.values()]
 
 
-def describe(tools: dict[str, Tool]) -> str:
-    """The tools' system prompt: the call format and one line per tool."""
-    lines = [f"You can call tools. To call one, write {CALL_OPEN}{{\"name\": NAME, \"arguments\": {{...}}}}"
-             f"{CALL_CLOSE} and stop; its result comes back as {RESULT_OPEN}...{RESULT_CLOSE}. Tools:"]
+HERMES_HOW = f"To call one, write {CALL_OPEN}{{\"name\": NAME, \"arguments\": {{...}}}}{CALL_CLOSE} and stop"
+"""How `describe` tells a model to call a tool in the Hermes format (`postrl.tools.formats` has the others)."""
+
+
+def describe(tools: dict[str, Tool], how: str = HERMES_HOW) -> str:
+    """The tools' system prompt: the call format (`how`, one sentence) and one line per tool."""
+    lines = [f"You can call tools. {how}; its result comes back as {RESULT_OPEN}...{RESULT_CLOSE}. Tools:"]
     lines += [f"- {t.description}" for t in tools.values()]
     return "\n".join(lines)
 
@@ -182,16 +186,29 @@ def parse_call(text: str) -> ToolCall | CallError | None:
     end = text.find(CALL_CLOSE, start)
     if end < 0:
         return CallError(f"no {CALL_CLOSE} after {CALL_OPEN}")
-    body = text[start + len(CALL_OPEN) : end].strip()
+    return json_call(text[start + len(CALL_OPEN) : end].strip())
+
+
+def json_call(body: str, args_key: str = "arguments", also: tuple[str, ...] = ()) -> ToolCall | CallError:
+    """`body`, one JSON call, decoded (`call_from`); text that is not JSON is a CallError saying where."""
     try:
         data = json.loads(body)
     except json.JSONDecodeError as e:
         return CallError(f"the call is not JSON ({e.msg}, char {e.pos})")
+    except RecursionError:  # thousands of nested brackets: the model's text, not the run's failure
+        return CallError("the call is nested too deeply")
+    return call_from(data, args_key, also)
+
+
+def call_from(data: Any, args_key: str = "arguments", also: tuple[str, ...] = ()) -> ToolCall | CallError:
+    """A decoded JSON call, `{"name": NAME, args_key: {...}}` (the arguments may sit under one of the
+    `also` keys instead; none at all: no arguments); anything else is a CallError saying what it lacks."""
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return CallError('expected {"name": NAME, "arguments": {...}}')
-    args = data.get("arguments", {})
+        return CallError(f'expected {{"name": NAME, "{args_key}": {{...}}}}')
+    key = next((k for k in (args_key, *also) if k in data), args_key)
+    args = data.get(key, {})
     if not isinstance(args, dict):
-        return CallError("arguments must be a JSON object")
+        return CallError(f"{key} must be a JSON object")
     return ToolCall(data["name"], args)
 
 
