@@ -100,9 +100,9 @@ def monitor_actions(cfg: Config) -> list[tuple[str, str, str]]:
 def terms_of(cfg: Config, domain: str) -> Registry:
     """The terms domain `domain` may weight: the components its verifier's scores carry, the
     registered terms, the run's reward models, and `reward` (the domain's own)."""
-    factory = DOMAINS.get(cfg.domains[domain].type or domain)
+    components = DOMAINS.facts(cfg.domains[domain].type or domain).components
     valid = Registry("reward term")
-    for name in {OWN_REWARD, *TERMS.names(), *cfg.reward_models, *getattr(factory, "reward_components", ())}:
+    for name in {OWN_REWARD, *TERMS.names(), *cfg.reward_models, *components}:
         valid.add(name, None)
     return valid
 
