@@ -74,7 +74,7 @@ def domain_params(param: str) -> Callable[[Config], list[tuple[str, str, str]]]:
 
     def values(cfg: Config) -> list[tuple[str, str, str]]:
         domains = [(f"domains.{n}", d) for n, d in cfg.domains.items()]
-        domains += [(f"eval.domains.{n}", d) for n, d in getattr(cfg.eval, "domains", {}).items()]
+        domains += [(f"eval.domains.{n}", d) for n, d in cfg.eval.domains.items()]
         return [(f"{key}.params.{param}", d.params[param], key.rsplit(".", 1)[1])
                 for key, d in domains if isinstance(d.params.get(param), str) and d.params[param]]
 

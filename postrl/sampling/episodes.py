@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from postrl.abilities import Resettable
 from postrl.records import Episode, Sample, Task, Turn
 from postrl.sampling.generate import Generation, GenParams, generate
 from postrl.sampling.policy import Policy
@@ -115,7 +116,7 @@ def sample_episodes(
 
 
 def _open_row(policy: Policy, g: int, task: Task, env, limits: EpisodeLimits, temperature: float) -> _Row:
-    episode = env.reset(task) if callable(getattr(env, "reset", None)) else _SingleTurn(task)
+    episode = env.reset(task) if isinstance(env, Resettable) else _SingleTurn(task)
     tools = list(getattr(episode, "tool_schemas", ())) if policy.renders_tools() else []
     messages = [dict(m) for m in (episode.template_messages if tools else episode.messages)]
     prompt_ids = policy.encode_task(replace(task, messages=tuple(messages)), tools=tools)
