@@ -99,6 +99,26 @@ class HasVerifier(Protocol):
 
 ABILITIES: tuple[type, ...] = (Stateful, Closeable, Finite, RunsCode, ReadsRows, Resettable, ScoresEpisodes,
                                DeclaresComponents, WithGold, HasVerifier)
+"""The abilities of a domain or verifier, which `check_abilities` checks where one is built."""
+
+
+# -- abilities of an episode (made per rollout by an environment's `reset`, so checked at each use)
+
+
+@runtime_checkable
+class Judged(Protocol):
+    """An episode that gives its own verdict with its reward (code_retry's, a tool episode's)."""
+
+    correct: bool | None
+    components: dict[str, float]
+
+
+@runtime_checkable
+class OffersTools(Protocol):
+    """An episode with tools, for a chat template that renders tools itself (`postrl.tasks.env`)."""
+
+    tool_schemas: list[dict]
+    template_messages: list[dict]
 
 
 def members(protocol: type) -> set[str]:

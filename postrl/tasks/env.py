@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from postrl.abilities import Closeable, DeclaresComponents, Resettable
+from postrl.abilities import Closeable, DeclaresComponents, Judged, Resettable
 from postrl.config import Config, DomainConfig
 from postrl.records import Episode as EpisodeRecord
 from postrl.records import Response, Score, Task
@@ -112,11 +112,11 @@ class ToolEpisode:
     @property
     def correct(self) -> bool | None:
         """The inner episode's verdict, when it gave a reward (e.g. code_retry's)."""
-        return getattr(self.inner, "correct", None)
+        return self.inner.correct if isinstance(self.inner, Judged) else None
 
     @property
     def components(self) -> dict[str, float]:
-        return dict(getattr(self.inner, "components", {}))
+        return dict(self.inner.components) if isinstance(self.inner, Judged) else {}
 
     def step(self, assistant_text: str) -> tuple[Messages | None, float | None, bool]:
         call = parse_call(assistant_text) if self.tools else None
