@@ -22,14 +22,16 @@ MARKER = "<!-- generated: config reference -->"
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """{field name: the string literal written right under it} from the class's source."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    """{field name: the string literal written right under it} from the sources of the class and
+    of the dataclasses it extends (a domain's params extend `SandboxSettings`); the class's own win."""
     docs = {}
-    for node, nxt in zip(body, body[1:] + [None]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = tree.body[0].body
+        for node, nxt in zip(body, body[1:] + [None]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                    docs[node.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
     return docs
 
 

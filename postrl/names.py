@@ -75,7 +75,7 @@ def domain_params(param: str) -> Callable[[Config], list[tuple[str, str, str]]]:
 
     def values(cfg: Config) -> list[tuple[str, str, str]]:
         domains = [(f"domains.{n}", d) for n, d in cfg.domains.items()]
-        domains += [(f"eval.domains.{n}", d) for n, d in getattr(cfg.eval, "domains", {}).items()]
+        domains += [(f"eval.domains.{n}", d) for n, d in cfg.eval.domains.items()]
         return [(params_key(key, d, param), d.params[param], key.rsplit(".", 1)[1])
                 for key, d in domains if isinstance(d.params.get(param), str) and d.params[param]]
 
@@ -128,9 +128,9 @@ def monitor_actions(cfg: Config) -> list[tuple[str, str, str]]:
 def terms_of(cfg: Config, domain: str) -> Registry:
     """The terms domain `domain` may weight: the components its verifier's scores carry, the
     registered terms, the run's reward models, and `reward` (the domain's own)."""
-    factory = DOMAINS.get(cfg.domains[domain].type or domain)
+    components = DOMAINS.facts(cfg.domains[domain].type or domain).components
     valid = Registry("reward term")
-    for name in {OWN_REWARD, *TERMS.names(), *cfg.reward_models, *getattr(factory, "reward_components", ())}:
+    for name in {OWN_REWARD, *TERMS.names(), *cfg.reward_models, *components}:
         valid.add(name, None)
     return valid
 

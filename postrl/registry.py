@@ -15,6 +15,15 @@ actions, eval aggregates). A leaf: it imports nothing from postrl but `errors`.
 `key` is the config key whose value names an entry; a registry whose names appear under several
 keys (a reward term under `domains.NAME.reward`) passes the key to `get`/`check` instead. When the
 name is the key's last part (a mapping's key, `domains.NAME.reward.TERM`), the error names it once.
+
+An entry may carry facts about itself, typed by the registry's `facts` dataclass, so that what is
+known of an entry lives with its registration and not as attributes stuck onto the object:
+
+    VERIFIERS = Registry("verifier", facts=VerifierFacts)
+    VERIFIERS.add("code", CodeVerifier, components=CODE_COMPONENTS, needs_answer=False)
+    VERIFIERS.facts("code").needs_answer   # False; an entry registered without facts has the defaults
+
+A fact the dataclass does not declare is a TypeError at registration, not a silent extra.
 """
 
 from __future__ import annotations
@@ -22,40 +31,60 @@ from __future__ import annotations
 import difflib
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from postrl.errors import ConfigError
 
 
-class Registry:
-    def __init__(self, kind: str, key: str = ""):
+@dataclass(frozen=True)
+class NoFacts:
+    """The facts of a registry whose entries carry none."""
+
+
+F = TypeVar("F")
+
+
+class Registry(Generic[F]):
+    def __init__(self, kind: str, key: str = "", facts: Callable[..., F] = NoFacts):  # type: ignore[assignment]
         self.kind = kind
         """What an entry is, in words ("policy loss"): used in error messages."""
         self.key = key
         """The config key whose value names an entry, when there is one such key."""
+        self._facts_type = facts
+        """Builds an entry's facts from the keywords given at registration (a frozen dataclass)."""
         self._items: dict[str, Any] = {}
+        self._facts: dict[str, F] = {}
 
-    def register(self, name: str) -> Callable[[Any], Any]:
-        """Decorator: `@REG.register("name")`. A name registered twice is a programming error."""
+    def register(self, name: str, **facts: Any) -> Callable[[Any], Any]:
+        """Decorator: `@REG.register("name", fact=value, ...)`. A name registered twice is a
+        programming error."""
 
         def deco(obj: Any) -> Any:
-            self.add(name, obj)
+            self.add(name, obj, **facts)
             return obj
 
         return deco
 
-    def add(self, name: str, obj: Any) -> None:
+    def add(self, name: str, obj: Any, **facts: Any) -> None:
         if name in self._items:
             raise ValueError(f"{self.kind} {name!r} registered twice")
+        self._facts[name] = self._facts_type(**facts)  # an undeclared fact: TypeError, before the entry is in
         self._items[name] = obj
 
     def remove(self, name: str) -> None:
         """Forget `name` (an entry registered for one run, such as a reward model's term)."""
         self._items.pop(name, None)
+        self._facts.pop(name, None)
 
     def get(self, name: str, key: str = "") -> Any:
         self.check(name, key)
         return self._items[name]
+
+    def facts(self, name: str, key: str = "") -> F:
+        """What was registered about entry `name` (ConfigError naming `key` if there is no such entry)."""
+        self.check(name, key)
+        return self._facts[name]
 
     def check(self, name: str, key: str = "") -> None:
         """Raise ConfigError naming the config key and the valid names if `name` is not registered."""
@@ -79,6 +108,10 @@ class Registry:
 
     def items(self) -> Iterator[tuple[str, Any]]:
         return iter(sorted(self._items.items()))
+
+    def all_facts(self) -> Iterator[tuple[str, F]]:
+        """(name, facts) of every entry, by name."""
+        return iter(sorted(self._facts.items()))
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

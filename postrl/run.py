@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from postrl.abilities import Closeable, Finite, Stateful, WithGold
 from postrl.algo.kl_control import FixedKL, make_kl_controller
 from postrl.builtin_models import load_model, resolve_model_path
 from postrl.checkpoint import CheckpointManager
@@ -189,8 +190,8 @@ class Run:
         self.learner.close()
         save_model(self.policy, self.dir / "final")
         for d in [*self.domains.values(), *self.eval_domains.values()]:
-            for part in (d, getattr(d, "gold", None)):  # a domain's monitoring-only gold scorer too
-                if hasattr(part, "close"):
+            for part in (d, d.gold if isinstance(d, WithGold) else None):  # its monitoring-only gold scorer too
+                if isinstance(part, Closeable):
                     part.close()
         report = write_report(self.dir)  # before the sinks close: trackers upload it
         self.sinks.close()
@@ -271,7 +272,7 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
         "scheduler": run.learner.sched.state_dict(),
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         "sampler": run.sampler.state_dict(),
-        "domains": {n: d.state_dict() for n, d in run.domains.items() if hasattr(d, "state_dict")},  # epoch cursors
+        "domains": {n: d.state_dict() for n, d in run.domains.items() if isinstance(d, Stateful)},  # epoch cursors
         "schedule": run.schedule.state_dict(),
         "kl_controller": run.kl_ctl.state_dict(),
         "monitors": run.monitors.state_dict(),
@@ -299,7 +300,7 @@ def load_checkpoint_state(run: Run, ckpt) -> int:
     torch.set_rng_state(state["rng"]["torch"])
     run.sampler.load_state_dict(state["sampler"])
     for name, domain_state in state.get("domains", {}).items():
-        if name in run.domains and hasattr(run.domains[name], "load_state_dict"):
+        if name in run.domains and isinstance(run.domains[name], Stateful):
             run.domains[name].load_state_dict(domain_state)
     run.schedule.load_state_dict(state["schedule"])
     run.kl_ctl.load_state_dict(state["kl_controller"])
@@ -330,7 +331,7 @@ def set_steps_from_epochs(cfg: Config, domains: dict[str, Domain], log) -> None:
     """`train.epochs` > 0: total_steps from the finite domains' training rows (saved in config.yaml)."""
     if cfg.train.epochs <= 0:
         return
-    rows = sum(d.train_size for d in domains.values() if hasattr(d, "train_size"))
+    rows = sum(d.train_size for d in domains.values() if isinstance(d, Finite))
     if rows == 0:
         raise UserError("config key 'train.epochs' needs a finite (dataset) domain; use train.total_steps")
     cfg.train.total_steps = max(1, math.ceil(cfg.train.epochs * rows / cfg.train.prompts_per_step))

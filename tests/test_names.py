@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 
@@ -184,3 +185,29 @@ def test_registry_lists_a_large_family_once():
         reg.add(name, None)
     with pytest.raises(ConfigError, match=r"\(expected one of: arith, rg:<name> \(4 of them\), x:y\)"):
         reg.check("nope")
+
+
+def test_registry_entries_carry_their_facts():
+    @dataclass(frozen=True)
+    class Facts:
+        components: tuple[str, ...] = ()
+        needs_answer: bool = True
+
+    reg = Registry("verifier", key="domains.NAME.params.verifier", facts=Facts)
+    reg.add("code", "make_code", components=("tests",), needs_answer=False)
+
+    @reg.register("exact")
+    def exact():
+        pass
+
+    assert reg.facts("code") == Facts(("tests",), False) and reg.get("code") == "make_code"
+    assert reg.facts("exact") == Facts() and reg.get("exact") is exact  # registered without facts: the defaults
+    with pytest.raises(TypeError):
+        reg.add("regex", "make_regex", need_answer=False)  # a fact the type does not declare
+    assert "regex" not in reg
+    with pytest.raises(ConfigError, match=r"^config key 'domains.NAME.params.verifier' = 'zzz': unknown verifier"):
+        reg.facts("zzz")
+    reg.remove("code")
+    assert [name for name, _ in reg.all_facts()] == ["exact"]
+    reg.add("code", "again")  # registered again: its facts are the new registration's
+    assert reg.facts("code") == Facts()

@@ -30,6 +30,8 @@ import json
 import math
 import sys
 
+from postrl.abilities import Closeable, DeclaresComponents, HasVerifier
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("reward-check", help="agreement of a reward with human labels; known hacks it pays for",
@@ -129,7 +131,7 @@ class recipe_domain:
         return self.domain, dcfg.reward
 
     def __exit__(self, *exc) -> None:
-        if hasattr(self.domain, "close"):
+        if isinstance(self.domain, Closeable):
             self.domain.close()
 
 
@@ -152,8 +154,8 @@ def run_adversarial(args) -> int:
 
     with recipe_domain(args) as (domain, weights):
         tasks = problems(domain, args.n, random.Random(0))
-        spec = getattr(getattr(domain, "verifier", None), "extract_spec", "none")
-        code = "tests" in getattr(domain, "reward_components", ())
+        spec = domain.verifier.extract_spec if isinstance(domain, HasVerifier) else "none"
+        code = isinstance(domain, DeclaresComponents) and "tests" in domain.reward_components
         results = run_hacks(domain_reward(domain, weights), tasks, spec, code=code)
     rows = [{"hack": r.hack, "tried": r.applied, "paid": r.paid, "paid_rate": r.paid_rate,
              "mean_reward": r.mean_reward} for r in results]

@@ -51,7 +51,7 @@ def _pool(args, **extra):
     from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
 
     cfg = SandboxConfig(workers=args.workers, memory_mb=args.memory_mb, allow_unisolated=args.allow_unisolated,
-                        **extra)
+                        allow_unisolated_key="--allow-unisolated", **extra)
     if args.timeout_s is not None:
         cfg.timeout_s = args.timeout_s
     try:

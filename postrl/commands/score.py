@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import sys
 
+from postrl.abilities import ReadsRows
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("score", help="grade responses with a recipe's domain (no model)", description=__doc__)
@@ -37,7 +39,7 @@ def run(args) -> int:
 
     built = recipe_domain(args)
     with built as (domain, weights):
-        if not hasattr(domain, "task_of_row"):
+        if not isinstance(domain, ReadsRows):
             raise UserError(f"--domain {args.domain}: a {built.type_name} domain makes its own problems; "
                             "score grades data set domains (type: dataset)")
         tasks, responses = read_responses(args.responses, domain)

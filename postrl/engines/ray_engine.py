@@ -42,6 +42,7 @@ from typing import Any
 import ray
 import torch
 
+from postrl.abilities import RunsCode
 from postrl.config import Config
 from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, reward_terms, run_order, score_chunk
 from postrl.engines.ray_sandbox import FleetSpec, RaySandbox, describe, start_sandbox_fleet
@@ -146,7 +147,7 @@ class RayEngine(Pipeline):
         r = self.cfg.ray
         fleets, backends = {}, {}
         for name, domain in self.domains.items():
-            sandbox_cfg = getattr(domain, "sandbox_config", lambda: None)()
+            sandbox_cfg = domain.sandbox_config() if isinstance(domain, RunsCode) else None
             if sandbox_cfg is None:
                 continue
             spec = FleetSpec(name, r.sandbox_actors, r.max_sandbox_actors, r.sandbox_idle_s, r.max_restarts)

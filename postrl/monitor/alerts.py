@@ -104,7 +104,7 @@ class SpotCheck:
 
 def _spot(kind: str, s) -> SpotCheck:
     score = s.score
-    episode = getattr(s, "episode", None)
+    episode = s.episode
     return SpotCheck(
         kind=kind,
         domain=s.task.domain,

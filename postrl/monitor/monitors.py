@@ -451,7 +451,7 @@ class ToolLoop:
         self.values: dict[str, float] = {}
 
     def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
-        episodes = [s for s in samples if getattr(s, "episode", None) is not None]
+        episodes = [s for s in samples if s.episode is not None]
         if not episodes:
             return []
         loops = [(s, c) for s in episodes if (c := repeated_call(s.episode, self.cfg.min_repeats)) is not None]
@@ -480,7 +480,7 @@ class ToolErrors:
         self.values: dict[str, float] = {}
 
     def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
-        episodes = [s.episode for s in samples if getattr(s, "episode", None) is not None]
+        episodes = [s.episode for s in samples if s.episode is not None]
         calls = sum(e.tool_calls for e in episodes)
         if not calls:  # no tool calls this step: nothing to judge, state unchanged
             return []

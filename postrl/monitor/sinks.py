@@ -46,7 +46,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from postrl.registry import Registry
 
@@ -58,6 +58,13 @@ class MetricSink(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Located(Protocol):
+    """An optional ability of a sink: says where it logs (a directory, a tracking server's run)."""
+
+    def where(self) -> list[str]: ...
 
 
 # ---------------------------------------------------------------------------- JSONL helpers
@@ -208,7 +215,7 @@ class MultiSink:
 
     def where(self) -> list[str]:
         """One line per sink that says where it logs (sinks without a `where` method say nothing)."""
-        return [line for sink in self.sinks if callable(getattr(sink, "where", None)) for line in sink.where()]
+        return [line for sink in self.sinks if isinstance(sink, Located) for line in sink.where()]
 
 
 def make_sinks(

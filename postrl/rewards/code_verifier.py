@@ -18,9 +18,9 @@ a reply that calls sys.exit(0) before the tests, patches the harness or lies in 
 io runs the program once per case with that case's stdin; it passes only when every run exits
 0 within its limits and prints the expected output.
 
-Reward, as the `code` domain's: 0.2 * compiles + 0.8 * all tests pass - 0.1 * (timed out, out
-of memory, output flood), with the components compiles, tests, tests_frac, penalty_* (a recipe's
-`reward:` reweights them).
+Reward, as the `code` domain's (`WEIGHTS`, its params' defaults; `score_verdict` for both): 0.2 *
+compiles + 0.8 * all tests pass - 0.1 * (timed out, out of memory, output flood), with the
+components compiles, tests, tests_frac, penalty_* (a recipe's `reward:` reweights them).
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ from postrl.errors import UserError
 from postrl.records import Response, Score, Task
 from postrl.rewards.extract import make_extractor
 from postrl.rewards.sandbox_handle import SandboxHandle
-from postrl.rewards.verifiers import CODE_COMPONENTS, VERIFIERS, VerifierSettings
+from postrl.rewards.verifiers import VERIFIERS, VerifierSettings
 from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
 from postrl.sandbox.pool import RunRequest, RunResult, SandboxConfig
 
 TEST_STYLES = ("assert", "check", "io")
 WEIGHTS = RewardWeights(compiles=0.2, tests=0.8, timeout=0.1, memory=0.1, output=0.1)
+"""The code reward's weights: this verifier's, and the defaults of the `code` domain's `w_*` params."""
+CODE_COMPONENTS = ("compiles", "tests", "tests_frac", "penalty_timeout", "penalty_memory", "penalty_output")
+"""The components of a code score (`postrl.sandbox.judge.code_reward`'s), which `reward:` may weight."""
 
 
 # ---------------------------------------------------------------------------- reading tests
@@ -123,8 +126,6 @@ def _compiles(code: str) -> bool:
 
 
 class CodeVerifier:
-    reward_components = CODE_COMPONENTS
-
     def __init__(self, arg: str, settings: VerifierSettings):
         if settings.tests_style not in TEST_STYLES:
             raise UserError(f"tests_style = {settings.tests_style!r}: expected one of {', '.join(TEST_STYLES)}")
@@ -133,11 +134,7 @@ class CodeVerifier:
         self.extract_spec = settings.extract or "code_fence"
         self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
         self.limits = JudgeLimits(timeout_s=settings.timeout_s, memory_mb=settings.memory_mb)
-        self.sandbox = SandboxHandle(self.sandbox_config(), settings.sandbox_url, settings.workers, "verifier code")
-
-    @staticmethod
-    def check_argument(arg: str, base_dir: str) -> str:
-        return "this verifier takes no argument" if arg else ""
+        self.sandbox = SandboxHandle(settings, "verifier code", f"{settings.params_key}allow_unisolated")
 
     def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]:
         """Every task carries `meta["tests"]` (as `read_tests` returns them) and, for assert and
@@ -148,7 +145,7 @@ class CodeVerifier:
         else:
             problems = [CodeProblem(t.task_id, "", t.meta["tests"], t.meta["entry_point"]) for t in tasks]
             verdicts = CodeJudge(self.backend(), self.limits).judge(problems, codes)
-        return [_score(v, code) for v, code in zip(verdicts, codes)]
+        return [score_verdict(v, WEIGHTS, extracted=code) for v, code in zip(verdicts, codes)]
 
     def _run_io(self, tasks: Sequence[Task], codes: list[str]) -> list[CodeVerdict]:
         lim = self.limits
@@ -168,10 +165,7 @@ class CodeVerifier:
 
     def sandbox_config(self) -> SandboxConfig | None:
         """The local pool this verifier runs on; None when it uses a sandbox server."""
-        s = self.settings
-        if s.sandbox_url:
-            return None
-        return SandboxConfig(workers=s.workers, memory_mb=s.memory_mb, allow_unisolated=s.allow_unisolated)
+        return self.sandbox.config
 
     def use_sandbox(self, backend) -> None:
         """Run on `backend` (the Ray engine's sandbox actor) instead of a pool of this process's own."""
@@ -197,13 +191,16 @@ def _io_verdict(task_id: str, code: str, runs: list[tuple[RunResult, str]]) -> C
     return v
 
 
-def _score(v: CodeVerdict, code: str) -> Score:
-    reward, comps = code_reward(v, WEIGHTS)
+def score_verdict(v: CodeVerdict, weights: RewardWeights, extracted: str | None = None) -> Score:
+    """The Score of a judged program, for the `code` verifier and the `code` domain: reward by
+    `weights` (0 when the sandbox could not judge it: correct None, its status), components, and
+    per-test results in the detail (`tests=1101`)."""
+    reward, comps = code_reward(v, weights)
     tests = "".join("1" if t else "0" for t in v.tests)
     detail = f"{v.detail} | tests={tests or '-'} | isolation={v.isolation}"
     if v.status != "ok":
-        return Score(0.0, None, v.status, comps, detail, extracted=code)
-    return Score(reward, v.passed, "ok", comps, detail, extracted=code)
+        return Score(0.0, None, v.status, comps, detail, extracted=extracted)
+    return Score(reward, v.passed, "ok", comps, detail, extracted=extracted)
 
 
-VERIFIERS.add("code", CodeVerifier)
+VERIFIERS.add("code", CodeVerifier, components=CODE_COMPONENTS, needs_answer=False)

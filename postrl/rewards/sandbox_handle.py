@@ -1,9 +1,9 @@
 """The sandbox a code grader runs on, started on first use. Shared by the `code` domain and the
 `code` verifier of dataset domains.
 
-    handle = SandboxHandle(config, url, workers, owner="domain code")
-    handle.get()          # a SandboxPool of this process's own (config), or a SandboxFusion
-                          # server's client (config None, url), made on the first call
+    handle = SandboxHandle(settings, "domain code", "domains.code.params.allow_unisolated")
+    handle.get()          # a SandboxPool of this process's own, or a SandboxFusion server's
+                          # client (settings.sandbox_url), made on the first call
     handle.use(backend)   # run on `backend` instead (anything with `run_many`: the Ray sandbox actor)
     handle.close()        # stops a pool this handle started
 """
@@ -16,11 +16,14 @@ import threading
 from postrl.errors import UserError
 from postrl.sandbox.client import RemoteSandbox
 from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.settings import SandboxSettings
 
 
 class SandboxHandle:
-    def __init__(self, config: SandboxConfig | None, url: str, workers: int, owner: str):
-        self.config, self.url, self.workers, self.owner = config, url, workers, owner
+    def __init__(self, settings: SandboxSettings, owner: str, allow_unisolated_key: str):
+        self.url, self.workers, self.owner = settings.sandbox_url, settings.workers, owner
+        self.config: SandboxConfig | None = settings.pool_config(allow_unisolated_key)
+        """The local pool's config; None when the settings name a sandbox server."""
         self._backend = None
         self._lock = threading.Lock()
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from postrl.abilities import DeclaresComponents, ScoresEpisodes, WithGold
 from postrl.records import Sample, Score
 from postrl.rewards.composite import apply_terms
 
@@ -41,7 +42,7 @@ def score_samples(
         domain = domains[name]
         graded = trained_reward(domain, reward_terms.get(name, {}), tasks, responses,
                                 episodes=[samples[i].episode for i in idx])
-        if getattr(domain, "gold", None) is not None:  # monitoring only: added after the reward is set
+        if isinstance(domain, WithGold) and domain.gold is not None:  # monitoring only: added after the reward
             graded = with_gold(domain.gold, tasks, responses, graded)
         share = (time.perf_counter() - t0) / len(idx)
         for i, score in zip(idx, graded):
@@ -54,11 +55,11 @@ def trained_reward(domain: Any, weights: dict[str, float], tasks: list, response
     """What a run trains on for one domain's replies: its verifier (an environment's own verdict,
     given the `episodes` that produced them), then the recipe's weighted reward terms. Training,
     `postrl score` and `postrl reward-check` all grade through this one call."""
-    if episodes is not None and hasattr(domain, "score_episodes"):
+    if episodes is not None and isinstance(domain, ScoresEpisodes):
         graded = domain.score_episodes(tasks, responses, episodes)
     else:
         graded = domain.score(tasks, responses)
-    components = getattr(domain, "reward_components", None)  # names a verifier may return
+    components = domain.reward_components if isinstance(domain, DeclaresComponents) else None  # names it may return
     return apply_terms(weights, tasks, responses, graded, components=components)
 
 

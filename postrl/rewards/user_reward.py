@@ -33,16 +33,18 @@ function's own values where they applied average to `reward_fn/FUNCTION` (TRL's 
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from numbers import Real
 from typing import Any
 
 from postrl.records import NOT_APPLICABLE, Response, Score, Task
 from postrl.rewards.extract import make_extractor
-from postrl.rewards.verifiers import VERIFIERS, VerifierSettings, check_python_function, load_function
+from postrl.rewards.verifiers import VERIFIERS, VerifierSettings
 from postrl.rewards.workers.pool import WorkerPool
 
 HANDLER = "postrl.rewards.user_reward:call_job"
@@ -55,6 +57,33 @@ METRIC = "reward_fn"
 
 _function = None
 """In a worker: the user's function, loaded by `warmup` before the first job."""
+
+
+def load_function(spec: str, paths: Sequence[str] = ()) -> Callable:
+    """The function `MODULE:FUNCTION` names, importing MODULE with `paths` searched first."""
+    module, _, name = spec.partition(":")
+    added = [p for p in paths if p and p not in sys.path]
+    sys.path[:0] = added
+    try:
+        fn = getattr(importlib.import_module(module), name, None)
+    finally:
+        for p in added:
+            sys.path.remove(p)
+    if not callable(fn):
+        raise AttributeError(f"module {module} has no function {name}")
+    return fn
+
+
+def check_python_function(arg: str, base_dir: str) -> str:
+    """'' when `arg` is MODULE:FUNCTION naming a function that imports, else what is wrong."""
+    module, _, function = arg.partition(":")
+    if not module or not function:
+        return "expected python:MODULE:FUNCTION"
+    try:
+        load_function(arg, [base_dir])
+    except Exception as e:  # noqa: BLE001 - any failure to import the user's module is reported as such
+        return f"cannot load {arg}: {type(e).__name__}: {e}"
+    return ""
 
 
 def warmup(function: str, paths: list[str]) -> None:
@@ -132,16 +161,12 @@ def trl_arguments(tasks: Sequence[Task], responses: Sequence[Response]) -> dict:
 
 
 class UserReward:
-    reward_components = COMPONENTS
-
     def __init__(self, arg: str, settings: VerifierSettings):
         self.function = arg
         self.extract_spec = settings.extract or "none"
         self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
         self.pool = WorkerPool(HANDLER, workers=settings.workers or None, timeout_s=settings.timeout_s,
                                confine=False, options={"function": arg, "paths": [settings.base_dir]})
-
-    check_argument = staticmethod(check_python_function)
 
     def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]:
         groups = groups_by_task(tasks)
@@ -201,4 +226,4 @@ def value_score(v: Any, function: str) -> Score:
     return Score(v, v >= 1.0, "ok", {"user": v})
 
 
-VERIFIERS.add("python", UserReward)
+VERIFIERS.add("python", UserReward, components=COMPONENTS, needs_answer=False, check_argument=check_python_function)

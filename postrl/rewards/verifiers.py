@@ -33,49 +33,42 @@ be read (`numeric` of "n/a", a bad regex) or a verifier that failed is "could no
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Protocol
 
+from postrl.abilities import check_abilities
 from postrl.errors import ConfigError
 from postrl.records import Response, Score, Task
 from postrl.registry import Registry
 from postrl.rewards.extract import make_extractor
+from postrl.sandbox.settings import SandboxSettings
 
 
-@dataclass(frozen=True)
-class VerifierSettings:
-    """What a verifier may be configured with (a dataset domain's params pass them on)."""
+@dataclass
+class VerifierSettings(SandboxSettings):
+    """What a verifier may be configured with (a dataset domain's params pass them on); the
+    sandbox's and the user reward workers' settings (`timeout_s`, `workers`, ...) are the shared
+    `SandboxSettings`."""
 
     extract: str = ""
     """Extractor name; empty = the verifier's default."""
     tolerance: float = 1e-6
     """numeric: relative tolerance, |answer - reference| <= tolerance * max(1, |reference|)."""
-    timeout_s: float = 10.0
-    """Deadline of one user reward call or one program's test run, in seconds."""
     tests_style: str = "assert"
     """code: assert | check | io."""
-    memory_mb: int = 512
-    """code: memory cap of one sandboxed program."""
-    workers: int = 0
-    """Sandbox or reward worker processes; 0 = one per CPU core."""
-    allow_unisolated: bool = False
-    """code: run without namespace isolation when bubblewrap is unavailable."""
-    sandbox_url: str = ""
-    """code: a SandboxFusion-compatible server instead of a local pool."""
     base_dir: str = ""
     """Directory that `rm:DIR` and user modules resolve against (the recipe's)."""
     rm_batch_size: int = 0
     """rm:DIR: inputs per forward pass of the reward model; 0 = the model's own (postrl_rm.json)."""
+    params_key: str = "domains.NAME.params."
+    """Where a recipe writes these settings, for messages (a dataset domain's `domains.NAME.params.`)."""
 
 
 class Verifier(Protocol):
-    reward_components: tuple[str, ...]
     extract_spec: str
 
     def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]: ...
@@ -83,10 +76,27 @@ class Verifier(Protocol):
     def close(self) -> None: ...
 
 
-VERIFIERS = Registry("verifier")
-"""Name -> factory(argument, VerifierSettings) -> Verifier. `python:MODULE:FUNCTION` is the
-entry `python` with the argument MODULE:FUNCTION, `rm:DIR` the entry `rm` with DIR. The config
-key is `domains.NAME.params.verifier`."""
+def no_argument(arg: str, base_dir: str) -> str:
+    """A verifier's argument check when it takes none (`exact`, not `exact:x`)."""
+    return "this verifier takes no argument" if arg else ""
+
+
+@dataclass(frozen=True)
+class VerifierFacts:
+    """What a verifier's registration says about it."""
+
+    components: tuple[str, ...] = ()
+    """The components its scores carry: the terms a recipe's `reward:` may weight."""
+    needs_answer: bool = True
+    """Whether it grades against a reference (a dataset domain's `answer` column)."""
+    check_argument: Callable[[str, str], str] = no_argument
+    """(argument, base_dir) -> what is wrong with the argument after `NAME:`, '' when nothing is."""
+
+
+VERIFIERS: Registry[VerifierFacts] = Registry("verifier", facts=VerifierFacts)
+"""Name -> factory(argument, VerifierSettings) -> Verifier, with its `VerifierFacts`.
+`python:MODULE:FUNCTION` is the entry `python` with the argument MODULE:FUNCTION, `rm:DIR` the
+entry `rm` with DIR. The config key is `domains.NAME.params.verifier`."""
 
 ANSWER_COMPONENTS = ("correct",)
 
@@ -97,23 +107,30 @@ def verifier_name(spec: str) -> tuple[str, str]:
     return name, arg
 
 
+def verifier_facts(spec: str, key: str = "") -> VerifierFacts:
+    """The registered facts of the verifier `spec` names (ConfigError naming `key` if none)."""
+    return VERIFIERS.facts(verifier_name(spec)[0], key)
+
+
+def all_components() -> tuple[str, ...]:
+    """Every component some registered verifier's scores carry, in registry order."""
+    return tuple(dict.fromkeys(c for _, facts in VERIFIERS.all_facts() for c in facts.components))
+
+
 def check_verifier(spec: str, key: str = "", base_dir: str = "") -> None:
     """ConfigError naming `key` unless `spec` names a verifier with a well-formed argument."""
     name, arg = verifier_name(spec)
-    VERIFIERS.check(name, key)
-    problem = getattr(VERIFIERS.get(name), "check_argument", _no_argument)(arg, base_dir)
+    problem = VERIFIERS.facts(name, key).check_argument(arg, base_dir)
     if problem:
         raise ConfigError(f"config key '{key}' = {spec!r}: {problem}")
-
-
-def _no_argument(arg: str, base_dir: str) -> str:
-    return "this verifier takes no argument" if arg else ""
 
 
 def make_verifier(spec: str, settings: VerifierSettings, key: str = "") -> Verifier:
     check_verifier(spec, key, settings.base_dir)
     name, arg = verifier_name(spec)
-    return VERIFIERS.get(name)(arg, settings)
+    verifier = VERIFIERS.get(name)(arg, settings)
+    check_abilities(verifier, f"verifier {spec}")
+    return verifier
 
 
 # ---------------------------------------------------------------------------- answer verifiers
@@ -129,8 +146,6 @@ Compare = Callable[[str, str], "bool | None"]
 
 class AnswerVerifier:
     """Extract, then compare with the reference, in this process (the comparisons are cheap)."""
-
-    reward_components = ANSWER_COMPONENTS
 
     def __init__(self, compare: Compare, settings: VerifierSettings, default_extract: str,
                  normalize: Callable[[str], str | None] | None = None):
@@ -167,8 +182,7 @@ def _register_answer(name: str, default_extract: str, make_compare: Callable[[Ve
     def make(arg: str, settings: VerifierSettings) -> AnswerVerifier:
         return AnswerVerifier(make_compare(settings), settings, default_extract, normalize)
 
-    make.reward_components = ANSWER_COMPONENTS
-    VERIFIERS.add(name, make)
+    VERIFIERS.add(name, make, components=ANSWER_COMPONENTS)
 
 
 def exact(gold: str, answer: str) -> bool:
@@ -270,8 +284,6 @@ class MathAnswer:
     With extraction `none` (the default), math-verify finds the answer itself (`\\boxed{}` first,
     then the last expression); with another extractor the extracted text is what it parses."""
 
-    reward_components = ANSWER_COMPONENTS
-
     def __init__(self, arg: str, settings: VerifierSettings):
         self.extract_spec = settings.extract or "none"
         self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
@@ -300,8 +312,7 @@ class MathAnswer:
         pass  # the pool is shared by the process and closed at exit
 
 
-MathAnswer.check_argument = staticmethod(_no_argument)
-VERIFIERS.add("math", MathAnswer)
+VERIFIERS.add("math", MathAnswer, components=ANSWER_COMPONENTS)
 
 
 # ---------------------------------------------------------------------------- reward models
@@ -312,8 +323,6 @@ class RewardModelVerifier:
     component `rm`. It has no notion of right and wrong: correct is None, status ok. The prompt is
     the task's chat messages when it has them (rendered with the model's chat template), else its
     text; replies are scored `rm_batch_size` at a time."""
-
-    reward_components = ("rm",)
 
     def __init__(self, arg: str, settings: VerifierSettings):
         from postrl.rewards.models.rm import RewardModel  # imports transformers: only for runs that use one
@@ -333,15 +342,16 @@ class RewardModelVerifier:
     def close(self) -> None:
         pass
 
-    @staticmethod
-    def check_argument(arg: str, base_dir: str) -> str:
-        if not arg:
-            return "expected rm:DIR, a reward model directory from `postrl rm train`"
-        path = resolve(arg, base_dir)
-        return "" if (path / "config.json").is_file() else f"no reward model at {path}"
+
+def check_reward_model(arg: str, base_dir: str) -> str:
+    """'' when `arg` is a reward model directory, else what is wrong."""
+    if not arg:
+        return "expected rm:DIR, a reward model directory from `postrl rm train`"
+    path = resolve(arg, base_dir)
+    return "" if (path / "config.json").is_file() else f"no reward model at {path}"
 
 
-VERIFIERS.add("rm", RewardModelVerifier)
+VERIFIERS.add("rm", RewardModelVerifier, components=("rm",), needs_answer=False, check_argument=check_reward_model)
 
 
 def resolve(path: str, base_dir: str) -> Path:
@@ -350,45 +360,9 @@ def resolve(path: str, base_dir: str) -> Path:
     return p if p.is_absolute() or not base_dir else Path(base_dir) / p
 
 
-# ---------------------------------------------------------------------------- the others
-
 # `code` (postrl.rewards.code_verifier) and `python:MODULE:FUNCTION` (postrl.rewards.user_reward)
 # register themselves when imported; the dataset domain imports them, so the names are known
 # wherever domains are.
-CODE_COMPONENTS = ("compiles", "tests", "tests_frac", "penalty_timeout", "penalty_memory", "penalty_output")
-
-
-def load_function(spec: str, paths: Sequence[str] = ()) -> Callable:
-    """The function `MODULE:FUNCTION` names, importing MODULE with `paths` searched first."""
-    module, _, name = spec.partition(":")
-    added = [p for p in paths if p and p not in sys.path]
-    sys.path[:0] = added
-    try:
-        fn = getattr(importlib.import_module(module), name, None)
-    finally:
-        for p in added:
-            sys.path.remove(p)
-    if not callable(fn):
-        raise AttributeError(f"module {module} has no function {name}")
-    return fn
-
-
-def check_python_function(arg: str, base_dir: str) -> str:
-    """'' when `arg` is MODULE:FUNCTION naming a function that imports, else what is wrong."""
-    module, _, function = arg.partition(":")
-    if not module or not function:
-        return "expected python:MODULE:FUNCTION"
-    try:
-        load_function(arg, [base_dir])
-    except Exception as e:  # noqa: BLE001 - any failure to import the user's module is reported as such
-        return f"cannot load {arg}: {type(e).__name__}: {e}"
-    return ""
-
-
-def components_of(spec: str) -> tuple[str, ...]:
-    """The reward components a verifier's scores carry (what `reward:` may weight)."""
-    name, _ = verifier_name(spec)
-    return getattr(VERIFIERS.get(name), "reward_components", ()) if name in VERIFIERS else ()
 
 
 class VerifierNames:

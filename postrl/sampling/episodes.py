@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from postrl.abilities import Judged, OffersTools, Resettable
 from postrl.records import Episode, Sample, Task, Turn
 from postrl.sampling.generate import Generation, GenParams, generate
 from postrl.sampling.policy import Policy
@@ -120,8 +121,8 @@ def sample_episodes(
 
 
 def _open_row(policy: Policy, g: int, task: Task, env, limits: EpisodeLimits, temperature: float) -> _Row:
-    episode = env.reset(task) if callable(getattr(env, "reset", None)) else _SingleTurn(task)
-    tools = list(getattr(episode, "tool_schemas", ())) if policy.renders_tools() else []
+    episode = env.reset(task) if isinstance(env, Resettable) else _SingleTurn(task)
+    tools = list(episode.tool_schemas) if policy.renders_tools() and isinstance(episode, OffersTools) else []
     messages = [dict(m) for m in (episode.template_messages if tools else episode.messages)]
     prompt_ids = policy.encode_task(replace(task, messages=tuple(messages)), tools=tools)
     budget = limits.max_tokens or getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30
@@ -175,8 +176,8 @@ def _take_turn(policy: Policy, r: _Row, gen: Generation, sample_s: float) -> Non
     step_s = time.perf_counter() - t0
     if done:
         r.record.reward = reward
-        r.record.correct = getattr(r.episode, "correct", None) if reward is not None else None
-        r.record.components = dict(getattr(r.episode, "components", {})) if reward is not None else {}
+        judged = reward is not None and isinstance(r.episode, Judged)
+        r.record.correct, r.record.components = (r.episode.correct, dict(r.episode.components)) if judged else (None, {})
         return _end(r, "done")
     r.history.append({"role": "assistant", "content": text})
     observation = observation or []

@@ -68,6 +68,9 @@ class SandboxConfig:
     """A worker is replaced by a fresh one after this many runs."""
     allow_unisolated: bool = False
     """Run even without namespace isolation (only rlimits, seccomp and a separate uid)."""
+    allow_unisolated_key: str = "SandboxConfig.allow_unisolated"
+    """How this config's user turns `allow_unisolated` on (a recipe key, a command-line flag), named
+    by the refusal when isolation is unavailable; empty: there is no such setting for them."""
     use_bwrap: bool = True
     """Try bubblewrap; False forces the unisolated mode (tests of the fallback)."""
     max_queue: int = 0
@@ -404,8 +407,9 @@ class SandboxPool:
                 failure = str(e)
         if not cfg.allow_unisolated:
             raise SandboxUnavailable(
-                f"no namespace isolation available ({failure or 'disabled by config'}); "
-                "set sandbox.allow_unisolated: true to run with rlimits/seccomp/uid only"
+                f"no namespace isolation available ({failure or 'disabled by config'}); " + (
+                    f"turn on {cfg.allow_unisolated_key} to run with rlimits/seccomp/uid only"
+                    if cfg.allow_unisolated_key else "this sandbox runs isolated only (install bubblewrap)")
             )
         w = _Worker(0, cfg, _Mode(None, python, bpf), self._uid_for(0), self._launcher)
         w.start()

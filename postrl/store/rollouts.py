@@ -204,7 +204,7 @@ class RolloutRow:
 
 
 def _episode_columns(sample) -> dict:
-    episode = getattr(sample, "episode", None)
+    episode = sample.episode
     if episode is None:
         return {}
     return {"loss_mask": list(sample.loss_mask) if sample.loss_mask is not None else None,

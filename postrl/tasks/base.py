@@ -2,7 +2,7 @@
 
 A domain is a source of problems plus the rule that grades answers to them:
 
-    @register_domain("arith")
+    @register_domain("arith")                      # facts: components=..., uses_base_dir=...
     class Arith:
         reward_components = ("correct",)           # names its scores' components may have
         def __init__(self, params: dict, seed: int, name: str = "arith"): ...
@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from postrl.records import Response, Score, Task
@@ -37,10 +38,32 @@ class Domain(Protocol):
     def score(self, tasks: list[Task], responses: list[Response]) -> list[Score]: ...
 
 
-DOMAINS = Registry("domain")
-"""Registry name -> factory(params, seed, name) -> Domain. The factory may carry
-`reward_components`, the component names its scores have (reward terms a recipe may weight)."""
-register_domain = DOMAINS.register
+@dataclass(frozen=True)
+class DomainFacts:
+    """What a domain type's registration says about it, known before any domain is built."""
+
+    components: tuple[str, ...] = ()
+    """The component names its scores may have: the reward terms a recipe may weight."""
+    uses_base_dir: bool = False
+    """It reads files: `postrl.tasks.catalog` passes the recipe's directory as `params.base_dir`."""
+
+
+DOMAINS: Registry[DomainFacts] = Registry("domain", facts=DomainFacts)
+"""Registry name -> factory(params, seed, name) -> Domain, with its `DomainFacts`."""
+
+
+def register_domain(name: str, components: tuple[str, ...] | None = None, uses_base_dir: bool = False) -> Callable:
+    """Decorator registering a domain type. `components` defaults to the class's own
+    `reward_components` (read once, here: a domain class declares them in its body; a factory
+    function passes them)."""
+
+    def deco(factory: Any) -> Any:
+        declared = getattr(factory, "reward_components", ()) if isinstance(factory, type) else ()
+        DOMAINS.add(name, factory, components=tuple(declared if components is None else components),
+                    uses_base_dir=uses_base_dir)
+        return factory
+
+    return deco
 
 
 def is_heldout(text: str, percent: int) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from postrl.abilities import check_abilities
 from postrl.config import Config
 from postrl.rewards.verifiers import VerifierSettings, make_verifier
 from postrl.tasks import arith, chat_arith, chat_count, code, code_retry, dataset, mul, rgym, sort  # noqa: F401  (each registers its domains)
@@ -33,7 +34,9 @@ def make_domain(type_name: str, params: dict[str, Any] | None = None, seed: int 
     type raises ConfigError naming the valid ones (and the recipe's key, when `name` is given)."""
     key = "" if name is None else f"domains.{name}" if name == type_name else f"domains.{name}.type"
     factory = DOMAINS.get(type_name, key=key)
-    return factory(dict(params or {}), seed, name or type_name)
+    domain = factory(dict(params or {}), seed, name or type_name)
+    check_abilities(domain, f"domain {name or type_name} (type {type_name})")
+    return domain
 
 
 def available_domains() -> list[str]:
@@ -63,7 +66,7 @@ def build_domains(cfg: Config) -> dict[str, Domain]:
 def recipe_params(type_name: str, params: dict[str, Any], base_dir: str) -> dict[str, Any]:
     """A domain's params as a recipe gives them, plus the recipe's directory for a domain that
     reads files (`uses_base_dir`: relative paths resolve against it) unless they name one."""
-    factory = DOMAINS.get(type_name) if type_name in DOMAINS else None
-    if getattr(factory, "uses_base_dir", False) and base_dir and "base_dir" not in params:
+    reads_files = type_name in DOMAINS and DOMAINS.facts(type_name).uses_base_dir
+    if reads_files and base_dir and "base_dir" not in params:
         return {**params, "base_dir": base_dir}
     return params

@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
+from postrl.rewards.code_verifier import CODE_COMPONENTS, WEIGHTS, score_verdict
 from postrl.rewards.sandbox_handle import SandboxHandle
-from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
+from postrl.sandbox.judge import CodeJudge, CodeProblem, JudgeLimits, RewardWeights
 from postrl.sandbox.pool import SandboxConfig
+from postrl.sandbox.settings import SandboxSettings
 from postrl.tasks.base import heldout_by_level, is_heldout, parse_params, register_domain
 
 SOURCES = ("humaneval", "generated")
@@ -50,7 +52,7 @@ ALPHABET = "# f()=-0123456789\ndefxy:,retun+*"
 
 
 @dataclass
-class CodeParams:
+class CodeParams(SandboxSettings):
     source: str = "generated"
     """humaneval | generated"""
     levels: list[int] = field(default_factory=lambda: [1, 2])
@@ -58,28 +60,17 @@ class CodeParams:
     heldout_percent: int = 10
     """Share of generated prompts held out, in percent."""
     timeout_s: float = 3.0
-    """Wall-clock limit of one solution's test run."""
-    memory_mb: int = 512
-    """Memory limit of one solution's run (address space), in MiB."""
-    workers: int = 0
-    """Sandbox workers; 0 means one per CPU core."""
-    max_workers: int = 0
-    """Elastic sandbox pool: grow toward this many workers while runs wait (0 = fixed size)."""
-    idle_shrink_s: float = 30.0
-    """Elastic sandbox pool: extra workers idle this long are stopped."""
-    allow_unisolated: bool = False
-    """Run without namespace isolation when bubblewrap is unavailable (rlimits/seccomp only)."""
-    sandbox_url: str = ""
-    """Use a SandboxFusion-compatible server (e.g. `postrl sandbox serve`) instead of a local pool."""
-    w_compiles: float = 0.2
+    """Wall-clock limit of one solution's test run, in seconds: a generated one-liner or a HumanEval
+    test finishes in milliseconds, so a reply that loops costs 3 s, not the sandbox's 10 s default."""
+    w_compiles: float = WEIGHTS.compiles
     """Reward weight of compiling (the solution parses and defines the entry point)."""
-    w_tests: float = 0.8
+    w_tests: float = WEIGHTS.tests
     """Reward weight of the tests: all pass (1) or not (0); the passed share is logged as tests_frac."""
-    penalty_timeout: float = 0.1
+    penalty_timeout: float = WEIGHTS.timeout
     """Subtracted when the run hits the wall-clock or CPU limit."""
-    penalty_memory: float = 0.1
+    penalty_memory: float = WEIGHTS.memory
     """Subtracted when the run hits the memory limit."""
-    penalty_output: float = 0.1
+    penalty_output: float = WEIGHTS.output
     """Subtracted when the run floods its output past the cap."""
     truncate: bool = True
     """Cut completions at the end of the function (stop sequences; first line for generated)."""
@@ -140,7 +131,7 @@ def generated_problem(rng: random.Random, level: int) -> tuple[str, str, str]:
 
 @register_domain("code")
 class Code:
-    reward_components = ("compiles", "tests", "tests_frac", "penalty_timeout", "penalty_memory", "penalty_output")
+    reward_components = CODE_COMPONENTS
 
     def __init__(self, params: dict, seed: int, name: str = "code"):
         self.name = name
@@ -162,7 +153,7 @@ class Code:
             raise UserError(f"domains.{self.name}.params.heldout_percent = {p.heldout_percent}: must be in 1..99")
         self.seed = seed
         self.weights = RewardWeights(p.w_compiles, p.w_tests, p.penalty_timeout, p.penalty_memory, p.penalty_output)
-        self.sandbox = SandboxHandle(self.sandbox_config(), p.sandbox_url, p.workers, "domain code")
+        self.sandbox = SandboxHandle(p, f"domain {name}", f"domains.{name}.params.allow_unisolated")
 
     def _humaneval_task(self, r: dict) -> Task:
         meta = {"test": r["test"], "entry_point": r["entry_point"], "canonical": r["canonical_solution"]}
@@ -205,26 +196,14 @@ class Code:
         problems = [CodeProblem(t.task_id, t.prompt, t.meta["test"], t.meta["entry_point"]) for t in tasks]
         completions = [self.completion(t, r.text) for t, r in zip(tasks, responses)]
         verdicts = self.judge().judge(problems, completions)
-        return [self._score(v) for v in verdicts]
-
-    def _score(self, v: CodeVerdict) -> Score:
-        reward, comps = code_reward(v, self.weights)
-        tests = "".join("1" if t else "0" for t in v.tests)
-        detail = f"{v.detail} | tests={tests or '-'} | isolation={v.isolation}"
-        if v.status != "ok":
-            return Score(reward=0.0, correct=None, status=v.status, components=comps, detail=detail)
-        return Score(reward=reward, correct=v.passed, status="ok", components=comps, detail=detail)
+        return [score_verdict(v, self.weights) for v in verdicts]
 
     def judge(self) -> CodeJudge:
         return CodeJudge(self.sandbox.get(), JudgeLimits(timeout_s=self.params.timeout_s, memory_mb=self.params.memory_mb))
 
     def sandbox_config(self) -> SandboxConfig | None:
         """The local pool this domain runs on; None when it uses a sandbox server (`sandbox_url`)."""
-        p = self.params
-        if p.sandbox_url:
-            return None
-        return SandboxConfig(workers=p.workers, memory_mb=p.memory_mb, allow_unisolated=p.allow_unisolated,
-                             max_workers=p.max_workers, idle_shrink_s=p.idle_shrink_s)
+        return self.sandbox.config
 
     def use_sandbox(self, backend) -> None:
         """Run on `backend` (anything with `run_many`, e.g. the Ray engine's sandbox actor) instead

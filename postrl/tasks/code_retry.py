@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from postrl.abilities import DeclaresComponents, check_abilities
 from postrl.errors import UserError
 from postrl.records import Episode as EpisodeRecord
 from postrl.records import Response, Score, Task
@@ -46,9 +47,8 @@ class CodeRetryParams:
     """The recipe's directory (set by the catalog): the inner domain's relative paths resolve against it."""
 
 
-@register_domain("code_retry")
+@register_domain("code_retry", uses_base_dir=True)
 class CodeRetry:
-    uses_base_dir = True
     stop: tuple[str, ...] = ()
 
     def __init__(self, params: dict, seed: int, name: str = "code_retry"):
@@ -60,12 +60,14 @@ class CodeRetry:
         inner_type = p.domain.get("type", "code")
         factory = DOMAINS.get(inner_type, key=f"domains.{name}.params.domain.type")
         inner_params = dict(p.domain.get("params", {}))
-        if getattr(factory, "uses_base_dir", False) and p.base_dir and "base_dir" not in inner_params:
+        if DOMAINS.facts(inner_type).uses_base_dir and p.base_dir and "base_dir" not in inner_params:
             inner_params["base_dir"] = p.base_dir
         self.inner = factory(inner_params, seed, name)
+        check_abilities(self.inner, f"domain {name} (its inner {inner_type})")
         self.levels = self.inner.levels
         self.max_turns = p.retries + 1
-        self.reward_components = (*getattr(self.inner, "reward_components", ()), "turn_cost")
+        inner_components = self.inner.reward_components if isinstance(self.inner, DeclaresComponents) else ()
+        self.reward_components = (*inner_components, "turn_cost")
 
     def sample(self, rng: random.Random, level: int | None = None) -> Task:
         return self.inner.sample(rng, level)

@@ -65,25 +65,25 @@ import random
 import re
 import string
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from postrl.abilities import RunsCode
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
 from postrl.rewards import code_verifier, user_reward  # noqa: F401  (register the verifiers code and python)
 from postrl.rewards.code_verifier import infer_entry_point, read_tests
-from postrl.rewards.verifiers import CODE_COMPONENTS, VerifierSettings, make_verifier, resolve
+from postrl.rewards.verifiers import VerifierSettings, all_components, make_verifier, resolve, verifier_facts
+from postrl.sandbox.settings import SandboxSettings, sandbox_settings
 from postrl.tasks.base import is_heldout, parse_params, register_domain
 from postrl.tasks.dataset_files import BadRow, read_rows
 
-NEEDS_NO_ANSWER = ("code", "python", "rm")
-"""Verifiers that grade without a reference column."""
 _GSM_FINAL = "####"
 _LEVEL = re.compile(r"-?\d+")
 
 
 @dataclass
-class DatasetParams:
+class DatasetParams(SandboxSettings):
     path: str = ""
     """The training rows: .jsonl, .json (array or lines), .parquet, .csv, or a save_to_disk directory."""
     heldout_path: str = ""
@@ -121,18 +121,8 @@ class DatasetParams:
     """split_by: the value whose rows this domain keeps (filled from `verifiers` by the config)."""
     split_values: list[str] = field(default_factory=list)
     """split_by: every value given a verifier; a row with another value is a bad row (filled by the config)."""
-    timeout_s: float = 10.0
-    """Deadline of one user reward call or one program's test run."""
-    memory_mb: int = 512
-    """code: memory cap of one program."""
-    workers: int = 0
-    """Sandbox or user-reward worker processes; 0 = one per CPU core."""
     rm_batch_size: int = 0
     """rm:DIR: replies per forward pass of the reward model; 0 = the model's own (`postrl rm train --score-batch-size`)."""
-    allow_unisolated: bool = False
-    """code: run without namespace isolation when bubblewrap is unavailable."""
-    sandbox_url: str = ""
-    """code: a SandboxFusion-compatible server instead of a local pool."""
     base_dir: str = ""
     """Directory relative paths resolve against; empty = the recipe's (`Config.base_dir`)."""
 
@@ -149,24 +139,20 @@ class RowError(Exception):
         return f"{where}: {f'column {self.column!r}: ' if self.column else ''}{self.problem}"
 
 
-@register_domain("dataset")
+# The type's components are every built-in verifier's (what `reward:` may weight before the domain
+# is built); an instance has its own verifier's.
+@register_domain("dataset", components=all_components(), uses_base_dir=True)
 class Dataset:
-    reward_components = tuple(dict.fromkeys(("correct", *CODE_COMPONENTS, "user", "rm")))
-    """Every component some verifier has (what `reward:` may weight); an instance has its verifier's."""
-    uses_base_dir = True
-    """`postrl.tasks.catalog` fills `base_dir` from the recipe's directory."""
-
     def __init__(self, params: dict, seed: int, name: str = "dataset"):
         self.name = name
         self.params: DatasetParams = parse_params(DatasetParams, params, name)
         self._validate()
         p = self.params
-        settings = VerifierSettings(extract=p.extract, tolerance=p.tolerance, timeout_s=p.timeout_s,
-                                    tests_style=p.tests_style, memory_mb=p.memory_mb, workers=p.workers,
-                                    allow_unisolated=p.allow_unisolated, sandbox_url=p.sandbox_url,
-                                    base_dir=p.base_dir, rm_batch_size=p.rm_batch_size)
-        self.verifier = make_verifier(p.verifier, settings, key=f"domains.{name}.params.verifier")
-        self.reward_components = self.verifier.reward_components
+        settings = VerifierSettings(**asdict(sandbox_settings(p)), extract=p.extract, tolerance=p.tolerance,
+                                    tests_style=p.tests_style, base_dir=p.base_dir, rm_batch_size=p.rm_batch_size,
+                                    params_key=self._key(""))
+        self.verifier = make_verifier(p.verifier, settings, key=self._key("verifier"))
+        self.reward_components = verifier_facts(p.verifier).components
         self.skipped: list[str] = []
         """`FILE:LINE: problem` of each row left out (on_bad_row: skip)."""
         self._train, self._heldout = self._load()
@@ -188,7 +174,7 @@ class Dataset:
         if not p.verifier:
             raise UserError(f"{self._key('verifier')}: name a verifier (math, exact, numeric, choice, regex, code, ...)")
         kind = p.verifier.split(":", 1)[0]
-        if not p.answer and kind not in NEEDS_NO_ANSWER:
+        if not p.answer and verifier_facts(p.verifier, self._key("verifier")).needs_answer:
             raise UserError(f"{self._key('answer')}: the verifier {p.verifier} needs the column of reference answers")
         if kind == "code" and not p.tests:
             raise UserError(f"{self._key('tests')}: the code verifier needs the column of tests")
@@ -354,7 +340,7 @@ class Dataset:
     # -- the sandbox (code verifier), as the `code` domain offers it to the Ray engine ------------
 
     def sandbox_config(self):
-        return getattr(self.verifier, "sandbox_config", lambda: None)()
+        return self.verifier.sandbox_config() if isinstance(self.verifier, RunsCode) else None
 
     def use_sandbox(self, backend) -> None:
         self.verifier.use_sandbox(backend)

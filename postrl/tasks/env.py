@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from postrl.abilities import Closeable, DeclaresComponents, Judged, Resettable
 from postrl.config import Config, DomainConfig
 from postrl.records import Episode as EpisodeRecord
 from postrl.records import Response, Score, Task
 from postrl.rewards.sandbox_handle import SandboxHandle
-from postrl.sandbox.pool import SandboxConfig
+from postrl.sandbox.settings import SandboxSettings
 from postrl.tasks.base import DOMAINS
 from postrl.tools import builtin  # noqa: F401  (registers calculator and python)
 from postrl.tools.base import (
@@ -69,7 +70,8 @@ class Environment(Protocol):
 
 
 def is_environment(domain: Any) -> bool:
-    return callable(getattr(domain, "reset", None))
+    """Whether a domain (or a domain type's factory) opens episodes: `postrl.abilities.Resettable`."""
+    return isinstance(domain, Resettable)
 
 
 def has_environments(cfg: Config) -> bool:
@@ -114,11 +116,11 @@ class ToolEpisode:
     @property
     def correct(self) -> bool | None:
         """The inner episode's verdict, when it gave a reward (e.g. code_retry's)."""
-        return getattr(self.inner, "correct", None)
+        return self.inner.correct if isinstance(self.inner, Judged) else None
 
     @property
     def components(self) -> dict[str, float]:
-        return dict(getattr(self.inner, "components", {}))
+        return dict(self.inner.components) if isinstance(self.inner, Judged) else {}
 
     def step(self, assistant_text: str) -> tuple[Messages | None, float | None, bool]:
         calls = self.format.parse(assistant_text) if self.tools else []
@@ -144,7 +146,7 @@ class ToolEnv:
     def __init__(self, domain: Any, dcfg: DomainConfig, name: str):
         self.domain, self.name = domain, name
         self.tools = make_tools(list(dcfg.tools), key=f"domains.{name}.tools")
-        self.sandbox = SandboxHandle(SandboxConfig(workers=1), "", 1, f"domain {name} (python tool)") \
+        self.sandbox = SandboxHandle(SandboxSettings(workers=1), f"domain {name} (python tool)", "") \
             if "python" in self.tools else None
         self.ctx = ToolContext(dcfg.tool_timeout_s, dcfg.tool_output_chars, self.sandbox)
         inner_turns = getattr(domain, "max_turns", 1) if is_environment(domain) else 1
@@ -153,7 +155,7 @@ class ToolEnv:
         self.format_setting = dcfg.tool_format
         """`domains.NAME.tool_format`: a format's name, or auto (resolved by `use_chat_template`)."""
         self.format = resolve_format(dcfg.tool_format, None, key=f"domains.{name}.tool_format")
-        self.reward_components = getattr(domain, "reward_components", ())
+        self.reward_components = domain.reward_components if isinstance(domain, DeclaresComponents) else ()
 
     def __getattr__(self, attr: str) -> Any:  # levels, sample, heldout, state_dict, sandbox_config, ...
         if attr == "domain":  # not set yet (unpickling): no recursion
@@ -192,7 +194,8 @@ class ToolEnv:
     def close(self) -> None:
         if self.sandbox is not None:
             self.sandbox.close()
-        getattr(self.domain, "close", lambda: None)()
+        if isinstance(self.domain, Closeable):
+            self.domain.close()
 
 
 def with_system(messages: Messages, text: str) -> Messages:

@@ -243,9 +243,8 @@ def _factory(dataset: str):
     def make(params: dict, seed: int, name: str = "") -> ReasoningGymDomain:
         return ReasoningGymDomain(dataset, params, seed, name)
 
-    make.reward_components = ReasoningGymDomain.reward_components
     return make
 
 
 for _name in RG_DATASETS:
-    register_domain(f"rg:{_name}")(_factory(_name))
+    register_domain(f"rg:{_name}", components=ReasoningGymDomain.reward_components)(_factory(_name))

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from postrl.abilities import ReadsRows
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
 from postrl.rewards.checks.agreement import agreement
@@ -69,7 +70,7 @@ def read_labels(path: str | Path, make_task: Callable[[dict, int], Task] = plain
 
 def domain_task_maker(domain) -> Callable[[dict, int], Task]:
     """Rows of a data set domain become its own tasks (its columns); others name prompt and gold."""
-    if hasattr(domain, "task_of_row"):
+    if isinstance(domain, ReadsRows):
         from_row = domain.task_of_row
 
         def make(row: dict, index: int) -> Task:
