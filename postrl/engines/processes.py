@@ -17,7 +17,12 @@ Weights: once per policy version the trainer copies its state dict into one flat
 buffer per dtype (`publish`); a sampler gets the buffer's handle (no copy through the pipe) before
 the first order that needs it, and copies it into its model. Orders in flight keep their version's
 buffer; the trainer's in-place updates never touch it, and a later version is written into a
-buffer no order in flight reads (making new shared memory costs more than the copy).
+buffer no order in flight reads (making new shared memory costs more than the copy). The
+sampler's policy hands each version to its sampling backend (`rollout.backend`) once.
+
+Messages are frozen dataclasses (below): `LoadWeights` and `RunOrder` on a sampler's order
+queue (None stops it); `GroupReady` for each set of whole groups, then `OrderDone` (or
+`OrderFailed`) on its result pipe, each carrying the try's `attempt` id.
 
 Scoring stays in the trainer's process (a `LocalScorer` thread): verifiers, sandbox pools,
 reward models and Python reward callables exist once, as in the synchronous loop. A domain that

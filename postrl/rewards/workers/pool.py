@@ -7,9 +7,10 @@
 Why processes and not threads or signals in the caller: math-verify's own timeout is SIGALRM,
 which only works in the main thread of the main interpreter, and a hang inside C code (sympy
 evaluating `9^{9^{9^9}}` as a Python int) cannot be interrupted from Python at all. Here every
-call runs in a worker (`postrl.rewards.workers.worker`), so the pool is safe to call from any thread,
-thread pool or actor. Each call gets `timeout_s` from the moment its worker starts on it (time
-spent queueing, for a worker or behind the jobs sent ahead of it, does not count): the worker
+call runs in a worker (`postrl.rewards.workers.worker`; what the two say to each other is typed,
+in `postrl.rewards.workers.messages`), so the pool is safe to call from any thread, thread pool
+or actor. Each call gets `timeout_s` from the moment its worker starts on it (time spent
+queueing, for a worker or behind the jobs sent ahead of it, does not count): the worker
 interrupts itself at 80% of it, and if it has not answered at 100% it is SIGKILLed and replaced.
 The result then says `timeout`; a crash says `error`. Neither is ever reported as a verdict.
 
