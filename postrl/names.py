@@ -33,6 +33,7 @@ from postrl.rewards.composite import TERMS  # from composite: its import registe
 from postrl.rewards.extract import ExtractorNames
 from postrl.rewards.terms import OWN_REWARD
 from postrl.rewards.verifiers import VerifierNames
+from postrl.sampling.backends import SAMPLING_BACKENDS
 from postrl.store.rollouts import shard_steps
 from postrl.tasks.catalog import DOMAINS  # its import registers the built-in domains and verifiers
 from postrl.tools.base import TOOLS  # the built-in tools are registered by the catalog's import (tasks.env)
@@ -151,6 +152,7 @@ class RolloutSources:
 
 NAMED_KEYS: list[NamedKey] = [
     NamedKey("engine", lambda cfg, _: ENGINES),
+    NamedKey("rollout.backend", lambda cfg, _: SAMPLING_BACKENDS),
     NamedKey("rl.advantage", lambda cfg, _: ADVANTAGES),
     NamedKey("rl.loss", lambda cfg, _: LOSSES),
     NamedKey("rl.kl_estimator", lambda cfg, _: KL_ESTIMATORS),

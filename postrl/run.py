@@ -112,6 +112,7 @@ class Run:
         times = StepTimes(rec.rollout.sample_s, rec.rollout.reward_s, rec.update_s)
         metrics = step_metrics(rec.samples, rec.stats, times, rec.kl_coef)
         metrics |= rec.fill.metrics() | self.schedule.metrics() | self.engine.metrics()
+        self.engine.metrics_recorded()  # the engine's per-step sums start again for the next step
         alerts = self.monitors.update(step, metrics, rec.samples)
         self.sinks.log(step, {**metrics, **self.monitors.values()})
         self.alert_log.record(alerts)
@@ -217,7 +218,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     model = model.to(device)  # sampler, learner and reference share this device; tensors are made on it
     run_dir = make_run_dir(cfg, resume)
     save_config(cfg, run_dir / "config.yaml")
-    policy = Policy(model, tok)
+    policy = Policy(model, tok, backend=cfg.rollout.backend)
     ref_model = make_reference(model) if cfg.rl.kl_coef > 0 else None  # LoRA: the base, adapters off
     weights = {name: d.weight for name, d in cfg.domains.items()}
     run = Run(

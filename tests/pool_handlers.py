@@ -57,3 +57,8 @@ def warmup(**options):
 
 def options(job):
     return _options
+
+
+def not_json(job):
+    """A result JSON cannot carry: the worker answers `error` in its place."""
+    return {1, 2}

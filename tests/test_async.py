@@ -221,7 +221,7 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
 
     from postrl.builtin_models import load_model
     from postrl.rewards.terms import TERMS, register_term
-    from postrl.sampling import policy as policy_module
+    from postrl.sampling import backends as backends_module
     from postrl.sampling.generate import GenParams
     from postrl.sampling.policy import Policy
     from postrl.seeding import step_generator
@@ -236,7 +236,7 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
     order = pipeline.Order(0, tasks, [1.0] * 16, 0)
 
     chunks, graded = [], []  # (start, end) of each generation chunk; (start, task ids) of each score call
-    real_generate = policy_module.generate
+    real_generate = backends_module.generate
 
     def slow_generate(*a, **k):
         start = time.time()
@@ -250,7 +250,7 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
         time.sleep(0.1)
         return [0.0] * len(tasks)
 
-    monkeypatch.setattr(policy_module, "generate", slow_generate)
+    monkeypatch.setattr(backends_module, "generate", slow_generate)
     register_term("test_slow")(slow_term)
     scorer = pipeline.LocalScorer(domains, pipeline.reward_terms(cfg))
     try:

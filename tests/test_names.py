@@ -22,6 +22,7 @@ RECIPE = "recipes/default.yaml"
 # key pattern -> (an override that names nothing registered, the key the error must name)
 BAD_NAMES = {
     "engine": ("engine=bogus_name", "engine"),
+    "rollout.backend": ("rollout.backend=bogus_name", "rollout.backend"),
     "rl.advantage": ("rl.advantage=bogus_name", "rl.advantage"),
     "rl.loss": ("rl.loss=bogus_name", "rl.loss"),
     "rl.kl_estimator": ("rl.kl_estimator=bogus_name", "rl.kl_estimator"),

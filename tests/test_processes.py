@@ -150,3 +150,87 @@ def test_weights_go_into_a_buffer_no_order_reads_and_orders_in_flight_keep_their
     finally:
         run.engine.close()
         run.sinks.close()
+
+
+# ---------------------------------------------------------------------------- the messages
+
+
+def test_a_sampler_speaks_typed_messages(tiny_model_dir):
+    """`sampler_main`, run in a thread here: LoadWeights and RunOrder in; GroupReady for each set
+    of whole groups, then OrderDone, whose sample order puts them back in the order's order, with
+    the reference log-probs; an order for weights it was never sent is an OrderFailed; None stops it."""
+    import dataclasses
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    from test_async import ARGS
+
+    from postrl.builtin_models import load_model
+    from postrl.config import load_config
+    from postrl.engines.pipeline import Order
+    from postrl.records import Task
+    from postrl.sampling.generate import GenParams
+    from postrl.sampling.policy import Policy
+    from postrl.seeding import step_generator
+
+    cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", *ARGS])
+    model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
+    tasks = [Task("arith", f"t{i}", f"{i}+{i + 5}=", str(2 * i + 5)) for i in range(4)]
+    orders, sent = queue.Queue(), []
+    for msg in [processes.LoadWeights(processes.publish(model.state_dict(), 0)),
+                processes.RunOrder(7, Order(0, tasks, [1.0] * 16, 0)),
+                processes.RunOrder(8, Order(1, tasks, [1.0] * 16, 3)), None]:
+        orders.put(msg)
+    threads = torch.get_num_threads()
+    sampler = threading.Thread(target=processes.sampler_main, args=(model, tok, 512, cfg, threads, "cpu", orders,
+                                                                     SimpleNamespace(send=sent.append)))
+    try:
+        sampler.start()
+        sampler.join(timeout=300)
+    finally:
+        torch.set_num_threads(threads)
+    assert not sampler.is_alive()
+    *groups, done, failed = sent
+    assert groups and all(isinstance(m, processes.GroupReady) and m.attempt == 7 for m in groups)
+    assert isinstance(done, processes.OrderDone) and done.attempt == 7 and done.start <= done.end
+    flat = [s for m in groups for s in m.samples]
+    ordered = [flat[j] for j in done.sample_order]
+    assert sorted(done.sample_order) == list(range(16)) and [s.group for s in ordered] == [g // 4 for g in range(16)]
+    want = Policy(model, tok).sample(tasks, 4, GenParams(cfg.train.max_new_tokens), step_generator(cfg.seed, 0, 0),
+                                     [1.0] * 16)
+    assert [s.completion_ids for s in ordered] == [s.completion_ids for s in want]
+    assert len(done.ref_logprobs) == 16 and done.reference_s > 0  # pipeline.reference: sampler
+    assert [len(r) for r in done.ref_logprobs] == [len(s.completion_ids) for s in ordered]
+    assert isinstance(failed, processes.OrderFailed) and failed.attempt == 8
+    assert "sampler holds weights 0, order wants 3" in failed.error
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        done.attempt = 8
+
+
+def test_reading_the_metrics_changes_nothing():
+    """`metrics()` is a getter; the run's `metrics_recorded()` starts the next step's sums."""
+    engine = object.__new__(processes.ProcessEngine)  # the counters only: no sampler is started
+    engine._step_metrics, engine.restarts, engine.reference_s = {"pipeline/wait_s": 0.5}, 1, 2.5
+    first = engine.metrics()
+    assert first == engine.metrics() == {"pipeline/wait_s": 0.5, "engine/restarts": 1.0, "time/reference_s": 2.5}
+    engine.metrics_recorded()
+    assert engine.metrics()["time/reference_s"] == 0.0 and engine.metrics()["engine/restarts"] == 1.0
+
+
+def test_sampler_processes_sample_with_the_named_backend(tiny_model_dir, tmp_path, monkeypatch):
+    """`rollout.backend` reaches the sampler processes: a user's backend (`imports:`) samples there,
+    and loads each version once."""
+    import toy_backend
+
+    monkeypatch.setenv(toy_backend.LOG, str(tmp_path / "loads"))
+    run_dir = run_train(tiny_model_dir, tmp_path / "run", "train.total_steps=2", "pipeline.samplers=1",
+                        "rollout.backend=toy_greedy", f"imports=[{toy_backend.__file__}]", *ONE_THREAD)
+    by_group: dict[tuple[int, int], list] = {}
+    for r in rows(run_dir):
+        by_group.setdefault((r["step"], r["group"]), []).append(r["token_ids"])
+    assert len(by_group) == 2 * 4 and all(g.count(g[0]) == len(g) for g in by_group.values())  # greedy: the toy's
+    loads = toy_backend.loads(tmp_path / "loads")
+    in_sampler = [v for owner, v in loads if not owner.startswith(f"{os.getpid()}:")]
+    assert in_sampler == [0, 2]  # versions 0 and 2 (two updates a step), once each
+    assert len(loads) == len(set(loads))

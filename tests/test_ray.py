@@ -251,3 +251,44 @@ def test_a_killed_async_ray_run_resumes_bitwise(tiny_model_dir, tmp_path):
     while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
+
+
+def test_a_rollout_worker_samples_with_the_named_backend_and_loads_each_version_once(tiny_model_dir, tmp_path,
+                                                                                     monkeypatch):
+    """A RolloutWorker (here in this process, not as an actor) builds the backend `rollout.backend`
+    names, and hands it each published version once: a second order with the same weights loads
+    nothing, new weights are loaded."""
+    import toy_backend
+
+    from postrl.builtin_models import load_model
+    from postrl.engines.pipeline import Order, score_chunk
+    from postrl.records import Task
+    from postrl.tasks.catalog import build_domains
+
+    monkeypatch.setenv(toy_backend.LOG, str(tmp_path / "loads"))
+    cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", *ARGS, "rollout.backend=toy_greedy",
+                                               f"imports=[{toy_backend.__file__}]"])
+    domains = build_domains(cfg)
+
+    class Scorer:  # the reward actor's `score.remote(samples)`: a ref to the scores
+        class score:
+            @staticmethod
+            def remote(samples):
+                return ray.put(score_chunk(samples, domains, {"arith": {"reward": 1.0}}))
+
+    model, tok = load_model(str(tiny_model_dir), "float32", log=lambda *a: None)
+    threads = torch.get_num_threads()
+    try:
+        worker = ray_engine.RolloutWorker(model, tok, cfg)
+        tasks = [Task("arith", f"t{i}", f"{i}+{i + 5}=", str(2 * i + 5)) for i in range(4)]
+        first = ray.put(model.state_dict())
+        rollouts = [worker.generate(Order(step, tasks, [1.0] * 16, version), [ref], Scorer)
+                    for step, version, ref in [(0, 0, first), (1, 0, first), (2, 2, ray.put(model.state_dict()))]]
+    finally:
+        torch.set_num_threads(threads)
+    assert worker.policy.backend_name == "toy_greedy"
+    assert [v for _, v in toy_backend.loads(tmp_path / "loads")] == [0, 2]
+    for rollout in rollouts:  # greedy: each group's four completions are one
+        ids = [s.completion_ids for s in rollout.samples]
+        assert all(ids[g * 4 : g * 4 + 4].count(ids[g * 4]) == 4 for g in range(4))
+    assert [s.policy_version for s in rollouts[2].samples] == [2] * 16

@@ -123,3 +123,46 @@ def test_map_spreads_jobs_over_all_workers(handlers_on_path):
 def test_options_reach_the_handler_modules_warmup(handlers_on_path):
     with WorkerPool("pool_handlers:options", workers=1, timeout_s=5, options={"size": 7}) as pool:
         assert pool.call(None).value == {"size": 7}
+
+
+# ---------------------------------------------------------------------------- the messages
+
+
+def test_messages_round_trip_as_one_json_line_each():
+    from postrl.rewards.workers.messages import Answer, Job, Ready, StartFailed, WorkerSpec, decode, encode
+
+    for msg in [WorkerSpec("m:f", 0.8, 512, False, {"size": 7}), Ready("seccomp", 42), StartFailed("ImportError: x"),
+                Job(3, ["1/2", "\\boxed{0.5}"]), Answer(3, "ok", {"v": [1, None]}, "", 0.25)]:
+        line = encode(msg)
+        assert "\n" not in line and decode(line, type(msg)) == msg and decode(line.encode(), type(msg)) == msg
+    assert decode(encode(Ready("none", 1)), Ready, StartFailed) == Ready("none", 1)
+
+
+@pytest.mark.parametrize("line, why", [
+    ('{"type": "answer", "id": 1, "status": "ok", "value": 2}', "expected Ready or StartFailed"),  # not the greeting
+    ('{"type": "ready", "isolation": "none"}', "Ready: .*pid"),  # a field missing
+    ('{"type": "ready", "isolation": "none", "pid": 1, "extra": 0}', "Ready: .*extra"),  # a field unknown
+    ('{"type": "nonsense"}', "expected Ready or StartFailed"),
+    ('[1, 2]', "expected Ready or StartFailed"),
+    ('not json', "Expecting value"),
+])
+def test_a_line_that_is_not_the_expected_message_is_refused(line, why):
+    from postrl.rewards.workers.messages import Ready, StartFailed, decode
+
+    with pytest.raises(ValueError, match=why):
+        decode(line, Ready, StartFailed)
+
+
+def test_an_answer_has_one_of_the_three_statuses():
+    from postrl.rewards.workers.messages import Answer, decode
+
+    with pytest.raises(ValueError, match="answer status 'maybe'"):
+        decode('{"type": "answer", "id": 1, "status": "maybe"}', Answer)
+    assert decode('{"type": "answer", "id": 1, "status": "timeout"}', Answer) == Answer(1, "timeout")
+
+
+def test_a_non_json_result_is_an_error_answer(handlers_on_path):
+    with WorkerPool("pool_handlers:not_json", workers=1, timeout_s=5) as pool:
+        out = pool.call(None)
+        assert (out.status, out.value, out.detail) == ("error", None, "result is not JSON")
+        assert pool.call(None).status == "error" and pool.stats["respawns"] == 0  # the worker goes on

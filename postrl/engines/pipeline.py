@@ -352,7 +352,11 @@ class Pipeline:
         return rollout
 
     def metrics(self) -> dict[str, float]:
+        """The step's engine metrics; reading them changes nothing (the run then calls `metrics_recorded`)."""
         return dict(self._step_metrics)
+
+    def metrics_recorded(self) -> None:
+        """The run recorded a step's metrics: sums over a step's work (an engine's own) start again."""
 
     # -- checkpoint state
     def state_dict(self) -> dict:
@@ -363,6 +367,9 @@ class Pipeline:
     def load_state_dict(self, state: dict | None, next_step: int) -> None:
         """Back to a checkpoint's pipeline (None: one written by the synchronous loop)."""
         self._discard()
+        # the restore wrote the trainer's weights in place, perhaps under a version number its
+        # sampling backend has loaded before (inline orders and eval sample with them): load again
+        self.policy.load_weights(None, self.policy.version)
         self.in_flight.clear()
         state = state or {"submitted": next_step - 1, "done": {}}
         self.submitted, self.done = state["submitted"], dict(state["done"])
@@ -431,7 +438,7 @@ class ThreadedEngine(Pipeline):
         model = copy.deepcopy(policy.model).eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        self.rollout_policy = Policy(model, policy.tok, policy.max_batch)
+        self.rollout_policy = Policy(model, policy.tok, policy.max_batch, backend=cfg.rollout.backend)
         self._loaded: dict | None = None  # the published weights the rollout model holds now
         self._published: tuple[int, dict] | None = None
         self._orders: queue.Queue = queue.Queue()
@@ -461,10 +468,9 @@ class ThreadedEngine(Pipeline):
         while (item := self._orders.get()) is not None:
             epoch, order = item
             try:
-                if self._loaded is not order.weights:
-                    self.rollout_policy.model.load_state_dict(order.weights)
+                if self._loaded is not order.weights:  # once per published version
+                    self.rollout_policy.load_weights(order.weights, order.version)
                     self._loaded = order.weights
-                self.rollout_policy.version = order.version
                 # delivered generated; its last groups may still be scoring while the next order samples
                 self._deliver(epoch, order.key, run_order(self.rollout_policy, order, self.cfg, self.scorer,
                                                           self.domains))

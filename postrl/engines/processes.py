@@ -17,7 +17,12 @@ Weights: once per policy version the trainer copies its state dict into one flat
 buffer per dtype (`publish`); a sampler gets the buffer's handle (no copy through the pipe) before
 the first order that needs it, and copies it into its model. Orders in flight keep their version's
 buffer; the trainer's in-place updates never touch it, and a later version is written into a
-buffer no order in flight reads (making new shared memory costs more than the copy).
+buffer no order in flight reads (making new shared memory costs more than the copy). The
+sampler's policy hands each version to its sampling backend (`rollout.backend`) once.
+
+Messages are frozen dataclasses (below): `LoadWeights` and `RunOrder` on a sampler's order
+queue (None stops it); `GroupReady` for each set of whole groups, then `OrderDone` (or
+`OrderFailed`) on its result pipe, each carrying the try's `attempt` id.
 
 Scoring stays in the trainer's process (a `LocalScorer` thread): verifiers, sandbox pools,
 reward models and Python reward callables exist once, as in the synchronous loop. A domain that
@@ -108,6 +113,59 @@ def publish(state: dict[str, torch.Tensor], version: int,
     return shared
 
 
+# ---------------------------------------------------------------------------- messages
+# Trainer -> sampler, on its order queue: LoadWeights, RunOrder; None tells it to stop.
+# Sampler -> trainer, on its result pipe: GroupReady as groups finish, then OrderDone or OrderFailed.
+
+
+@dataclass(frozen=True)
+class LoadWeights:
+    """Load these published weights; sent before the first order that needs a version the sampler lacks."""
+
+    weights: SharedWeights
+
+
+@dataclass(frozen=True)
+class RunOrder:
+    """Sample (and, with pipeline.reference: sampler, run the reference pass over) one order."""
+
+    attempt: int
+    """Id of this try of the order: answers of an earlier (dead) try are dropped."""
+    order: Order
+    """Its `weights` are None: they went ahead in a LoadWeights."""
+
+
+@dataclass(frozen=True)
+class GroupReady:
+    """Whole groups of a try's samples, sent the moment their last sample finished."""
+
+    attempt: int
+    samples: list[Sample]
+
+
+@dataclass(frozen=True)
+class OrderDone:
+    """A try finished: every group was sent before this."""
+
+    attempt: int
+    sample_order: list[int]
+    """For each of the order's samples in order, its index among the samples of the GroupReady messages."""
+    start: float
+    end: float
+    """time.time() stamps of generation."""
+    ref_logprobs: list[list[float]] | None = None
+    """Per sample, in order: the reference log-probs (pipeline.reference: sampler), else None."""
+    reference_s: float = 0.0
+    """Seconds of that reference pass."""
+
+
+@dataclass(frozen=True)
+class OrderFailed:
+    attempt: int
+    error: str
+    """The sampler's traceback."""
+
+
 # ---------------------------------------------------------------------------- the sampler process
 
 
@@ -116,7 +174,7 @@ def sampler_main(model, tok, max_batch: int, cfg: Config, threads: int, device: 
     load_extensions(cfg.imports)  # the run's own modules (`imports:`) exist here too
     torch.set_num_threads(threads)
     model = copy.deepcopy(model).to(device).eval()  # its own tensors: not the pickled shared ones
-    policy = Policy(model, tok, max_batch)
+    policy = Policy(model, tok, max_batch, backend=cfg.rollout.backend)
     reference = None  # the frozen initial policy (the model arrives with the run's initial weights)
     if cfg.pipeline.reference == "sampler" and cfg.rl.kl_coef > 0:
         reference = make_reference(model)
@@ -127,31 +185,30 @@ def sampler_main(model, tok, max_batch: int, cfg: Config, threads: int, device: 
         envs = build_domains(cfg)
     loaded, parent = None, os.getppid()
     while (msg := next_order(orders, parent)) is not None:
-        if msg[0] == "weights":
-            policy.model.load_state_dict(msg[1].state_dict())
-            loaded = msg[1].version
+        if isinstance(msg, LoadWeights):
+            policy.load_weights(msg.weights.state_dict(), msg.weights.version)
+            loaded = msg.weights.version
             continue
-        _, attempt, order = msg
+        attempt, order = msg.attempt, msg.order
         sent: dict[int, int] = {}
 
         def ready(chunk: list[Sample], attempt: int = attempt, sent: dict = sent) -> None:
             for s in chunk:
                 sent[id(s)] = len(sent)
-            results.send(("group", attempt, chunk))
+            results.send(GroupReady(attempt, chunk))
 
         try:
             if loaded != order.version:  # the trainer sends weights before the first order that needs them
                 raise RuntimeError(f"sampler holds weights {loaded}, order wants {order.version}")
-            policy.version = order.version
             start = time.time()
             samples = generate(policy, order, cfg, on_ready=ready, envs=envs)
             end = time.time()
             ref = None if reference is None else reference_logprobs(
                 reference, samples, tok.pad_token_id, cfg.train, cfg.model, torch.device(device))
             ref_s = 0.0 if reference is None else time.time() - end
-            results.send(("done", attempt, [sent[id(s)] for s in samples], start, end, ref, ref_s))
+            results.send(OrderDone(attempt, [sent[id(s)] for s in samples], start, end, ref, ref_s))
         except Exception:
-            results.send(("error", attempt, traceback.format_exc()))
+            results.send(OrderFailed(attempt, traceback.format_exc()))
 
 
 # ---------------------------------------------------------------------------- the trainer's side
@@ -168,8 +225,8 @@ class Flight:
     tries: int = 0
     chunks: list[tuple[list[Sample], Any]] = field(default_factory=list)
     """(group's samples, scorer job), as they arrive."""
-    done: tuple | None = None
-    """(sample order, start, end) once the sampler finished the order."""
+    done: OrderDone | None = None
+    """The sampler's answer once it finished the order."""
     error: str = ""
 
 
@@ -208,7 +265,8 @@ class ProcessEngine(Pipeline):
         """Every shared-memory buffer set made so far; one that no order in flight reads is reused."""
         self.restarts = 0
         self.reference_s = 0.0
-        """Seconds of the samplers' reference passes in the orders taken since the last metrics()."""
+        """Seconds of the samplers' reference passes in the orders taken since the run last recorded
+        a step's metrics (`metrics_recorded`)."""
         self.scorer = LocalScorer(domains, reward_terms(cfg))
         self.samplers = [self._spawn(i) for i in range(n)]
 
@@ -253,28 +311,29 @@ class ProcessEngine(Pipeline):
         flight.attempt, flight.tries = next(self._attempts), flight.tries + 1
         flight.chunks, flight.done, flight.error = [], None, ""
         if sampler.loaded != flight.order.version:
-            sampler.orders.put(("weights", flight.order.weights))
+            sampler.orders.put(LoadWeights(flight.order.weights))
             sampler.loaded = flight.order.version
-        sampler.orders.put(("order", flight.attempt, replace(flight.order, weights=None)))
+        sampler.orders.put(RunOrder(flight.attempt, replace(flight.order, weights=None)))
 
     # -- receiving
     def _receive(self, i: int, sampler: Sampler) -> None:
         """Reads sampler i's results until its pipe ends (it exited or died)."""
         while True:
             try:
-                kind, attempt, *body = sampler.results.recv()
+                msg: GroupReady | OrderDone | OrderFailed = sampler.results.recv()
             except (EOFError, OSError):
                 break
             with self._cond:
-                flight = next((f for f in self._flights.values() if f.attempt == attempt), None)
+                flight = next((f for f in self._flights.values() if f.attempt == msg.attempt), None)
                 if flight is None:  # a discarded order, or a try that was replaced
                     continue
-                if kind == "group":
-                    flight.chunks.append((body[0], self.scorer.submit(body[0])))
-                elif kind == "done":
-                    flight.done = tuple(body)
-                else:
-                    flight.error = body[0]
+                match msg:
+                    case GroupReady(samples=chunk):
+                        flight.chunks.append((chunk, self.scorer.submit(chunk)))
+                    case OrderDone():
+                        flight.done = msg
+                    case OrderFailed(error=error):
+                        flight.error = error
                 self._cond.notify_all()
         with self._cond:
             sampler.alive = False
@@ -293,13 +352,13 @@ class ProcessEngine(Pipeline):
             del self._flights[key]
         if flight.error:
             raise RuntimeError(f"rollout of step {key[0]} failed in sampler {flight.worker}:\n{flight.error}")
-        order_idx, start, end, ref, ref_s = flight.done
-        self.reference_s += ref_s
+        done = flight.done
+        self.reference_s += done.reference_s
         by_index = [s for chunk, _ in flight.chunks for s in chunk]
-        samples = [by_index[j] for j in order_idx]
-        for s, r in zip(samples, ref or ()):
+        samples = [by_index[j] for j in done.sample_order]
+        for s, r in zip(samples, done.ref_logprobs or ()):
             s.ref_logprobs = r
-        return Pending(key[0], samples, start, end, flight.chunks, self.scorer).result()
+        return Pending(key[0], samples, done.start, done.end, flight.chunks, self.scorer).result()
 
     def _ready(self, key: tuple[int, int]) -> bool:
         with self._cond:
@@ -326,9 +385,10 @@ class ProcessEngine(Pipeline):
             self._send(f)
 
     def metrics(self) -> dict[str, float]:
-        m = {"engine/restarts": float(self.restarts), "time/reference_s": self.reference_s}
+        return super().metrics() | {"engine/restarts": float(self.restarts), "time/reference_s": self.reference_s}
+
+    def metrics_recorded(self) -> None:
         self.reference_s = 0.0
-        return super().metrics() | m
 
     def _discard(self) -> None:
         with self._cond:

@@ -72,7 +72,7 @@ class RolloutWorker:
     def __init__(self, model, tok, cfg: Config, sandboxes: dict[str, RaySandbox] | None = None):
         load_extensions(cfg.imports)  # the run's own modules exist on every actor (`imports:`)
         torch.set_num_threads(1)  # one actor per CPU Ray schedules it on
-        self.policy, self.cfg, self.loaded = Policy(model.eval(), tok), cfg, None
+        self.policy, self.cfg, self.loaded = Policy(model.eval(), tok, backend=cfg.rollout.backend), cfg, None
         self.envs = None
         """The run's domains when some are environments: episodes step them here (tools, feedback)."""
         if has_environments(cfg):
@@ -87,10 +87,9 @@ class RolloutWorker:
 
     def generate(self, order: Order, weights: list, reward_worker) -> Rollout:
         ref = weights[0]  # boxed in a list so Ray hands over the ref, fetched only when new
-        if self.loaded != ref:
-            self.policy.model.load_state_dict(ray.get(ref))
+        if self.loaded != ref:  # one ref per published version
+            self.policy.load_weights(ray.get(ref), order.version)
             self.loaded = ref
-        self.policy.version = order.version
         return run_order(self.policy, order, self.cfg, RayScorer(reward_worker), self.envs).result()
 
 

@@ -3,13 +3,14 @@
     samples = sample_episodes(policy, tasks, n, envs, limits, params, generator, temperatures, on_ready)
 
 Each episode starts from its environment's opening messages (through the chat template, as any
-prompt), then alternates: the model samples a turn (ending at EOS, a stop string, or a tool
-call's closing tag), the environment's `step` answers it. The tokens trained on are the tokens
-sampled: a turn's ids are appended verbatim and the observation's tokens after them, tokenised as
-the chat template's delta for the new turn (the rendering after the assistant turn's content:
-its closing, the observation turns, the next assistant header; without a chat template, the
-observation's text), so the transcript is never re-tokenised. Observation tokens carry
-log-prob 0 and loss mask 0 (`Sample.loss_mask`): out of the loss and the KL.
+prompt), then alternates: the model samples a turn through the policy's sampling backend (ending
+at EOS, a stop string, or a tool call's closing tag), the environment's `step` answers it. The
+tokens trained on are the tokens sampled: a turn's ids are appended verbatim and the
+observation's tokens after them, tokenised as the chat template's delta for the new turn (the
+rendering after the assistant turn's content: its closing, the observation turns, the next
+assistant header; without a chat template, the observation's text), so the transcript is never
+re-tokenised. Observation tokens carry log-prob 0 and loss mask 0 (`Sample.loss_mask`): out of
+the loss and the KL.
 
 Limits, and the episode's recorded end reason: the environment ends it (`done`); `max_turns`
 assistant turns (`max_turns`); the token budget, prompt plus every turn and observation
@@ -36,7 +37,7 @@ import torch
 
 from postrl.abilities import Judged, OffersTools, Resettable
 from postrl.records import Episode, Sample, Task, Turn
-from postrl.sampling.generate import Generation, GenParams, generate
+from postrl.sampling.generate import Generation, GenParams
 from postrl.sampling.policy import Policy
 
 _PLACE = "\x1fpostrl-turn\x1f"
@@ -149,9 +150,9 @@ def _rounds(rows: list[_Row], params: GenParams) -> dict[tuple, list[int]]:
 def _sample_turn(policy: Policy, rows: list[_Row], key: tuple, params: GenParams, generator) -> None:
     temperature, max_new, stops = key
     t0 = time.perf_counter()
-    gens = generate(policy.model, [r.prompt_ids + r.ids for r in rows],
-                    replace(params, temperature=temperature, max_new_tokens=max_new, stop_strings=stops),
-                    policy.tok.eos_token_id, policy.tok.pad_token_id, generator=generator, decode=policy.decode)
+    gens = policy.generate([r.prompt_ids + r.ids for r in rows],
+                           replace(params, temperature=temperature, max_new_tokens=max_new, stop_strings=stops),
+                           generator)
     share = (time.perf_counter() - t0) / len(rows)
     for r, gen in zip(rows, gens):
         r.sample_s += share

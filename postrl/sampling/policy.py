@@ -1,4 +1,5 @@
-"""The policy: a causal LM plus its tokenizer, turning `Task`s into sampled `Sample`s."""
+"""The policy: a causal LM plus its tokenizer, turning `Task`s into sampled `Sample`s through a
+sampling backend (`postrl.sampling.backends`, chosen by `rollout.backend`)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,49 @@ from dataclasses import replace
 import torch
 
 from postrl.records import Sample, Task
-from postrl.sampling.generate import GenParams, generate
+from postrl.sampling.backends import SamplingBackend, backend_factory, make_backend
+from postrl.sampling.generate import Generation, GenParams
 
 
 class Policy:
-    def __init__(self, model, tokenizer, max_batch: int = 512):
+    def __init__(self, model, tokenizer, max_batch: int = 512, backend: str = "postrl"):
         self.model = model
         self.tok = tokenizer
         self.max_batch = max_batch
         """Largest number of sequences generated at once (bounds KV-cache memory)."""
         self.version = 0
         """Optimiser updates applied so far; stamped on every sample."""
+        self.backend_name = backend
+        """The sampling backend (`rollout.backend`)."""
+        backend_factory(backend)  # an unknown name fails here, not at the first sample
+        self._backend: SamplingBackend | None = None
+        self._synced: int | None = None
+        """The version the backend last loaded; None: it loads before the next sampling call."""
+
+    @property
+    def backend(self) -> SamplingBackend:
+        """Built on first use: a process that never samples (a learner rank) never starts one."""
+        if self._backend is None:
+            self._backend = make_backend(self.backend_name, self.model, self.tok)
+        return self._backend
+
+    def load_weights(self, state: dict | None, version: int) -> None:
+        """New weights to sample with: `state` copied into the model (None: the model holds them
+        already, written in place by a restore), stamped `version`. The backend loads them before
+        the next sampling call, even under a version number it has loaded before."""
+        if state is not None:
+            self.model.load_state_dict(state)
+        self.version = version
+        self._synced = None
+
+    def generate(self, prompts: list[list[int]], params: GenParams, generator: torch.Generator | None = None,
+                 on_done: Callable[[list[int], list[Generation]], None] | None = None) -> list[Generation]:
+        """Token ids in, `Generation`s out, through the backend, with the weights of `version`:
+        the backend's `load_weights` runs once per version, here, before its first sampling call."""
+        if self._synced != self.version:
+            self.backend.load_weights(self.version)
+            self._synced = self.version
+        return self.backend.generate(prompts, params, generator, on_done)
 
     def encode_prompt(self, text: str) -> list[int]:
         return self.encode_task(Task("", "", text, ""))
@@ -86,10 +119,7 @@ class Policy:
                 out[chunk[r]] = self._to_sample(flat[chunk[r]], gen, params)
             groups.finished([chunk[r] for r in rows])
 
-        generate(
-            self.model, [flat[i][2] for i in chunk], params, self.tok.eos_token_id, self.tok.pad_token_id,
-            generator=generator, decode=self.decode, on_done=done,
-        )
+        self.generate([flat[i][2] for i in chunk], params, generator, on_done=done)
         share = (time.perf_counter() - t0) / len(chunk)
         for i in chunk:
             out[i].timings["sample_s"] = share

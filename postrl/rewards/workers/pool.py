@@ -7,9 +7,10 @@
 Why processes and not threads or signals in the caller: math-verify's own timeout is SIGALRM,
 which only works in the main thread of the main interpreter, and a hang inside C code (sympy
 evaluating `9^{9^{9^9}}` as a Python int) cannot be interrupted from Python at all. Here every
-call runs in a worker (`postrl.rewards.workers.worker`), so the pool is safe to call from any thread,
-thread pool or actor. Each call gets `timeout_s` from the moment its worker starts on it (time
-spent queueing, for a worker or behind the jobs sent ahead of it, does not count): the worker
+call runs in a worker (`postrl.rewards.workers.worker`; what the two say to each other is typed,
+in `postrl.rewards.workers.messages`), so the pool is safe to call from any thread, thread pool
+or actor. Each call gets `timeout_s` from the moment its worker starts on it (time spent
+queueing, for a worker or behind the jobs sent ahead of it, does not count): the worker
 interrupts itself at 80% of it, and if it has not answered at 100% it is SIGKILLed and replaced.
 The result then says `timeout`; a crash says `error`. Neither is ever reported as a verdict.
 
@@ -19,7 +20,6 @@ collected, or when the interpreter exits.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import select
@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from postrl.rewards.workers.messages import Answer, Job, Ready, StartFailed, WorkerSpec, decode, encode
 
 _SOFT_FRACTION = 0.8  # of timeout_s: the worker's own interrupt, before the parent's kill
 _CHUNK = 16  # most jobs pipelined to one worker at once
@@ -54,12 +56,12 @@ class _WorkerDied(Exception):
 
 
 class _Worker:
-    def __init__(self, spec: dict, procs: set):
+    def __init__(self, spec: WorkerSpec, procs: set):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "postrl.rewards.workers.worker", json.dumps(spec)],
+            [sys.executable, "-m", "postrl.rewards.workers.worker", encode(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -78,12 +80,12 @@ class _Worker:
         """Ids of the jobs sent and not yet answered, oldest first."""
 
     def wait_ready(self, timeout_s: float) -> None:
-        msg = self._read(time.monotonic() + timeout_s)
-        if msg is None or not msg.get("ready"):
-            detail = "no answer" if msg is None else msg.get("detail", "")
+        msg = self._read(time.monotonic() + timeout_s, Ready, StartFailed)
+        if not isinstance(msg, Ready):
+            detail = "no answer" if msg is None else msg.detail
             self.kill()
             raise RuntimeError(f"verifier worker failed to start: {detail}")
-        self.ready, self.isolation = True, msg["isolation"]
+        self.ready, self.isolation = True, msg.isolation
 
     def send(self, jobs: list[Any]) -> None:
         """Queue jobs on the worker's stdin; it answers them in order, one line each. Sending a
@@ -91,7 +93,7 @@ class _Worker:
         lines = []
         for job in jobs:
             self._next_id += 1
-            lines.append(json.dumps({"id": self._next_id, "job": job}) + "\n")
+            lines.append(encode(Job(self._next_id, job)) + "\n")
         self._expect += range(self._next_id - len(jobs) + 1, self._next_id + 1)
         try:
             self.proc.stdin.write("".join(lines).encode())
@@ -99,14 +101,15 @@ class _Worker:
         except (BrokenPipeError, OSError) as e:
             raise _WorkerDied(f"worker gone before the call ({type(e).__name__})") from e
 
-    def answer(self, timeout_s: float) -> dict | None:
+    def answer(self, timeout_s: float) -> Answer | None:
         """The answer to the oldest queued job, or None when `timeout_s` passed without it."""
-        msg = self._read(time.monotonic() + timeout_s)
-        if msg is not None and msg.get("id") != self._expect.pop(0):
+        msg = self._read(time.monotonic() + timeout_s, Answer)
+        if msg is not None and msg.id != self._expect.pop(0):
             raise _WorkerDied("worker answered out of order")
         return msg
 
-    def _read(self, deadline: float) -> dict | None:
+    def _read(self, deadline: float, *expected: type) -> Any:
+        """The next message, one of `expected`, or None at the deadline."""
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buf:
             remaining_ms = (deadline - time.monotonic()) * 1000
@@ -118,7 +121,7 @@ class _Worker:
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         try:
-            return json.loads(line)
+            return decode(line, *expected)
         except ValueError as e:
             raise _WorkerDied("worker sent a malformed line") from e
 
@@ -180,13 +183,7 @@ class WorkerPool:
         self.workers = workers or os.cpu_count() or 1
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
-        self._spec = {
-            "handler": handler,
-            "soft_timeout_s": timeout_s * _SOFT_FRACTION,
-            "memory_mb": memory_mb,
-            "confine": confine,
-            "options": options or {},
-        }
+        self._spec = WorkerSpec(handler, timeout_s * _SOFT_FRACTION, memory_mb, confine, options or {})
         self._procs: set = set()
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._lock = threading.Lock()
@@ -248,7 +245,7 @@ class WorkerPool:
                     detail = f"killed at the {self.timeout_s:g}s deadline"
                     done.append(Outcome("timeout", None, detail, time.monotonic() - t0))
                     return done, self._replace(worker)
-                done.append(Outcome(msg["status"], msg["value"], msg["detail"], time.monotonic() - t0))
+                done.append(Outcome(msg.status, msg.value, msg.detail, time.monotonic() - t0))
         except _WorkerDied as e:
             done.append(Outcome("error", None, str(e), time.monotonic() - t0))
             return done, self._replace(worker)

@@ -1,0 +1,99 @@
+"""Sampling backends: what turns prompt token ids into sampled completions, chosen by `rollout.backend`.
+
+    backend = make_backend("postrl", model, tokenizer)
+    gens = backend.generate(prompts, GenParams(max_new_tokens=8), generator)  # one Generation per prompt
+    backend.load_weights(version)  # the model now holds policy version `version`: sample with it
+
+A backend is token in, token out: prompt ids in; completion ids, per-token behaviour log-probs
+(log softmax(logits / temperature) of each sampled token, before top-p truncation) and finish
+reasons out, as `Generation` records. It knows no task, chat template, reward or `Sample`:
+`Policy` encodes the prompts, splits them into batches by temperature and size, and builds the
+samples; the engines publish weights.
+
+Weights: a backend is built on the policy's model object. `load_weights(version)` tells it that
+this model now holds the weights of policy version `version` (the learner updated it in place, or
+an engine copied a published version into it); `Policy` calls it once per version, before the
+first sampling call with that version, and again when an engine copies weights in or a restore
+writes them under a version number already seen. A backend that samples from weights of its own
+(an inference engine) copies the model's into them there, in one call. postrl's own backend
+samples from the model object itself, which is shared with the learner (or is the engine's copy
+that weights are loaded into), so it has nothing to copy: it only records the version.
+
+A second backend is one new module and one entry here: a factory `(model, tokenizer) ->
+SamplingBackend` added to `SAMPLING_BACKENDS` (a factory whose library is heavy imports it inside
+the call, so that choosing another backend never loads it). A user's module named in a recipe's
+`imports:` may register one too; it then exists in sampler processes and Ray actors as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from postrl.errors import ConfigError
+from postrl.registry import Registry
+from postrl.sampling.generate import Generation, GenParams, generate
+
+
+@runtime_checkable
+class SamplingBackend(Protocol):
+    """Token in, token out, with weights synced once per policy version (see the module docstring)."""
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: GenParams,
+        generator: torch.Generator | None = None,
+        on_done: Callable[[list[int], list[Generation]], None] | None = None,
+    ) -> list[Generation]:
+        """One completion per prompt, in prompt order. Draws come from `generator` only, so a
+        seeded generator reproduces the same completions. `on_done(rows, generations)` is told
+        about rows (indices into `prompts`) as they finish, each row once, while the rest go on."""
+        ...
+
+    def load_weights(self, version: int) -> None:
+        """The model this backend was built on now holds policy version `version`: sample with it."""
+        ...
+
+
+SAMPLING_BACKENDS = Registry("sampling backend", key="rollout.backend")
+"""name -> factory(model, tokenizer) -> SamplingBackend."""
+
+
+@SAMPLING_BACKENDS.register("postrl")
+class PostrlBackend:
+    """postrl's own batched engine (`postrl.sampling.generate`): the fused `FastLM` path where the
+    model is Llama-family, else the model's own Hugging Face forward. It samples from the model
+    object it was built on, so the sampled tokens' log-probs are the learner's to float rounding."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tok = model, tokenizer
+        self.version: int | None = None
+        """The policy version last loaded: nothing else to do, the model object is the weights."""
+
+    def generate(self, prompts: list[list[int]], params: GenParams, generator: torch.Generator | None = None,
+                 on_done: Callable[[list[int], list[Generation]], None] | None = None) -> list[Generation]:
+        return generate(self.model, prompts, params, self.tok.eos_token_id, self.tok.pad_token_id,
+                        generator=generator, decode=self._decode, on_done=on_done)
+
+    def load_weights(self, version: int) -> None:
+        self.version = version
+
+    def _decode(self, ids: list[int]) -> str:  # stop strings are matched on this text, as `Policy.decode`'s
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+
+def backend_factory(name: str) -> Callable[[Any, Any], SamplingBackend]:
+    """The registered factory of backend `name`; ConfigError naming `rollout.backend` if none."""
+    return SAMPLING_BACKENDS.get(name)
+
+
+def make_backend(name: str, model, tokenizer) -> SamplingBackend:
+    """Build backend `name` on `model`; what its factory returns is checked here, once."""
+    backend = backend_factory(name)(model, tokenizer)
+    if not isinstance(backend, SamplingBackend):
+        raise ConfigError(f"config key 'rollout.backend' = {name!r}: {type(backend).__name__} is not a sampling "
+                          f"backend (it needs generate(prompts, params, generator, on_done) and load_weights(version))")
+    return backend
