@@ -288,7 +288,9 @@ def _grads_after_update(tiny_gguf, samples_of, agg: str, model_cfg: ModelConfig)
     train, rl = _train_cfgs()
     rl.loss_agg = agg
     learner = Learner(policy, lora_mod.make_reference(model), train, rl, model_cfg)
-    batch = learner.build_batch(samples_of(policy), 0.1)
+    samples = samples_of(policy)
+    train.samples_per_prompt = sum(s.group == 0 for s in samples)  # the samples' groups: build_batch checks them
+    batch = learner.build_batch(samples, 0.1)
     batch.advantages = torch.linspace(-1.0, 1.0, batch.input_ids.shape[0])
     learner.update(batch, kl_coef=0.1, generator=torch.Generator().manual_seed(0))
     # one minibatch, so .grad holds exactly that minibatch's accumulated gradient
