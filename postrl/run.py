@@ -42,7 +42,7 @@ from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
 from postrl.learner.distributed import start_learners
 from postrl.learner.learner import Learner, UpdateStats
-from postrl.model.device import resolve_device
+from postrl.model.device import model_device, resolve_device
 from postrl.model.lora import apply_lora, load_policy_weights, make_reference, save_policy
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples
 from postrl.monitor.monitors import MonitorContext, Monitors, build_monitors
@@ -60,8 +60,10 @@ from postrl.tasks.base import Domain
 from postrl.tasks.catalog import build_domains
 from postrl.ui import Progress
 
-CHECKPOINT_FORMAT = 2
-"""Bumped when the checkpoint's state changes shape; a checkpoint of another format is refused."""
+CHECKPOINT_FORMAT = 3
+"""Bumped when the checkpoint's state changes shape. Format 2 (the learner's optimiser, scheduler and
+policy version as three top-level keys, before `Learner.state_dict`) is mapped on load; others are
+refused with one line."""
 
 
 @dataclass
@@ -177,7 +179,7 @@ class Run:
     def check_learners(self, step: int) -> None:
         """`train.learners` > 1: a learner rank that is gone stops the run here, between steps, with
         a checkpoint of this step to resume from."""
-        dead = self.learner.ranks.dead() if self.learner.ranks is not None else []
+        dead = self.learner.dead_ranks()
         if not dead:
             return
         save_checkpoint(self, step, None)
@@ -221,21 +223,21 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     policy = Policy(model, tok, backend=cfg.rollout.backend)
     ref_model = make_reference(model) if cfg.rl.kl_coef > 0 else None  # LoRA: the base, adapters off
     weights = {name: d.weight for name, d in cfg.domains.items()}
+    sampler = TaskSampler(domains, cfg.seed)
+    schedule = make_schedule(cfg.curriculum, weights, {n: list(d.levels) for n, d in domains.items()})
+    engine = ENGINES.get(cfg.engine)(policy, domains, cfg, log)  # it may take cores: the ranks get what is left
+    ranks = start_learners(cfg, str(resolve_model_path(cfg.model.name)), model_device(model), run_dir, log) \
+        if cfg.train.learners > 1 else None  # this process: rank 0
+    learner = Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
+                      proximal=cfg.pipeline.proximal, ranks=ranks)
     run = Run(
-        cfg=cfg, dir=run_dir, domains=domains, policy=policy,
-        learner=Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
-                        proximal=cfg.pipeline.proximal),
-        sampler=TaskSampler(domains, cfg.seed),
-        schedule=make_schedule(cfg.curriculum, weights, {n: list(d.levels) for n, d in domains.items()}),
-        kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon),
-        engine=ENGINES.get(cfg.engine)(policy, domains, cfg, log),
+        cfg=cfg, dir=run_dir, domains=domains, policy=policy, learner=learner, sampler=sampler, schedule=schedule,
+        kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon), engine=engine,
         store=RolloutStore(run_dir, run=cfg.run.name),
         monitors=build_monitors(cfg.monitor, MonitorContext({n: d.reward for n, d in cfg.domains.items()})),
         ckpt=CheckpointManager(run_dir, keep_last=cfg.checkpoint.keep_last, log=log),
         progress=Progress(cfg.train.total_steps, enabled=cfg.run.progress), log=log, eval_domains=eval_domains,
     )
-    if cfg.train.learners > 1:
-        start_learners(run.learner, cfg, str(resolve_model_path(cfg.model.name)), run_dir, log)  # this process: rank 0
     if resume:
         latest = run.ckpt.latest_valid()
         if latest is None:
@@ -268,9 +270,7 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
     state = {
         "format": CHECKPOINT_FORMAT,
         "step": step,
-        "policy_version": run.policy.version,
-        "optimizer": run.learner.opt.state_dict(),
-        "scheduler": run.learner.sched.state_dict(),
+        "learner": run.learner.state_dict(),  # optimiser (bf16: fp32 masters), LR schedule, policy version
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         "sampler": run.sampler.state_dict(),
         "domains": {n: d.state_dict() for n, d in run.domains.items() if isinstance(d, Stateful)},  # epoch cursors
@@ -287,15 +287,9 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
 
 def load_checkpoint_state(run: Run, ckpt) -> int:
     """Load every state component from `ckpt` into `run`; returns the next step to run."""
-    state = ckpt.load_state()
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise UserError(f"{ckpt.path}: checkpoint format {state.get('format', 1)}, written by an older postrl; "
-                        f"this version resumes format {CHECKPOINT_FORMAT} only: start the run again")
-    load_policy_weights(run.policy.model, ckpt.model_dir)  # LoRA: the adapters only
-    run.policy.version = state["policy_version"]
-    run.learner.opt.load_state_dict(state["optimizer"])
-    run.learner.sched.load_state_dict(state["scheduler"])
-    run.learner.state_loaded()  # data-parallel ranks: they get this state before the next update
+    state = upgrade_checkpoint_state(ckpt.load_state(), ckpt.path)
+    load_policy_weights(run.policy.model, ckpt.model_dir)  # LoRA: the adapters only; first: bf16 masters follow
+    run.learner.load_state_dict(state["learner"])  # data-parallel ranks: they get it with the next update
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
     torch.set_rng_state(state["rng"]["torch"])
@@ -312,14 +306,27 @@ def load_checkpoint_state(run: Run, ckpt) -> int:
     return state["step"]
 
 
+def upgrade_checkpoint_state(state: dict, where) -> dict:
+    """`state` (a checkpoint's state.pt) in this version's layout: format 2's learner keys are moved
+    under "learner"; a format other than 2 or CHECKPOINT_FORMAT is refused with one line."""
+    found = state.get("format", 1)  # format 1 had no number
+    if found == 2:
+        state = dict(state)
+        state["learner"] = {key: state.pop(key) for key in ("optimizer", "scheduler", "policy_version")}
+        state["format"] = CHECKPOINT_FORMAT
+    elif found != CHECKPOINT_FORMAT:
+        raise UserError(f"{where}: checkpoint format {found}, written by "
+                        f"{'an older' if found < CHECKPOINT_FORMAT else 'a newer'} postrl; this version resumes "
+                        f"formats 2 and {CHECKPOINT_FORMAT} only: start the run again")
+    return state
+
+
 def restore_checkpoint(run: Run, lr_factor: float = 1.0) -> int:
     """Rollback: back to the newest intact checkpoint, with the learning rate scaled by lr_factor."""
     latest = run.ckpt.latest_valid()
     step = load_checkpoint_state(run, latest)
     run.rollbacks += 1
-    for group in run.learner.opt.param_groups:
-        group["lr"] *= lr_factor
-    run.learner.sched.base_lrs = [lr * lr_factor for lr in run.learner.sched.base_lrs]
+    run.learner.scale_lr(lr_factor)
     open_outputs(run, step)
     run.log(f"rolled back to step {step}; learning rate x{lr_factor} (rollback {run.rollbacks})")
     return step

@@ -41,6 +41,20 @@ def test_registries_know_their_names():
     assert str(e.value) == "config key 'rl.advantage' = 'nope': unknown advantage estimator (expected one of: grpo, rloo)"
 
 
+@pytest.mark.parametrize("name", LOSS_AGGREGATIONS.names())
+def test_each_aggregations_micro_batch_rule_splits_it_over_parts(name):
+    """The rule registered with an aggregation: its parts' aggregates, weighted by `share`, add up
+    to the whole minibatch's (what gradient accumulation relies on)."""
+    agg = LOSS_AGGREGATIONS.get(name)
+    values = torch.arange(12.0).view(3, 4)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])  # 3 + 1 + 4 tokens
+    parts = [slice(0, 1), slice(1, 3)]
+    total = sum(agg.share(mask[p], mask) * agg.reduce(values[p], mask[p]) for p in parts)
+    assert float(total) == pytest.approx(float(agg.reduce(values, mask)), rel=1e-6)
+    assert sum(agg.share(mask[p], mask) for p in parts) == pytest.approx(1.0)
+    assert float(aggregate(values, mask, name)) == float(agg.reduce(values, mask))
+
+
 def _ppo_case():
     old = torch.zeros(2, 2)
     # ratios: seq0 = [1.5, 1.0], seq1 = [0.5, 1.2] (second token of seq1 is masked out)

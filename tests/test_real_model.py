@@ -16,10 +16,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from postrl.algo.losses import LOSS_AGGREGATIONS
 from postrl.builtin_models import load_model, resolve_model_path
 from postrl.config import LoraConfig, ModelConfig, RLConfig, TrainConfig
 from postrl.errors import UserError
-from postrl.learner.learner import Learner, _share
+from postrl.learner.learner import Learner
 from postrl.model import lora as lora_mod
 from postrl.model.logprobs import token_logprobs
 from postrl.records import Response, Task
@@ -287,7 +288,9 @@ def _grads_after_update(tiny_gguf, samples_of, agg: str, model_cfg: ModelConfig)
     train, rl = _train_cfgs()
     rl.loss_agg = agg
     learner = Learner(policy, lora_mod.make_reference(model), train, rl, model_cfg)
-    batch = learner.build_batch(samples_of(policy), 0.1)
+    samples = samples_of(policy)
+    train.samples_per_prompt = sum(s.group == 0 for s in samples)  # the samples' groups: build_batch checks them
+    batch = learner.build_batch(samples, 0.1)
     batch.advantages = torch.linspace(-1.0, 1.0, batch.input_ids.shape[0])
     learner.update(batch, kl_coef=0.1, generator=torch.Generator().manual_seed(0))
     # one minibatch, so .grad holds exactly that minibatch's accumulated gradient
@@ -308,9 +311,10 @@ def test_micro_batching_gives_the_same_gradient_as_the_whole_minibatch(tiny_gguf
 
 def test_micro_batch_weights_are_token_and_sequence_shares():
     mb = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)  # 3 + 1 + 4 tokens
-    assert _share(mb[:2], mb, "token-mean") == 0.5  # 4 of 8 tokens
-    assert _share(mb[2:], mb, "token-mean") == 0.5
-    assert _share(mb[:2], mb, "seq-mean-token-mean") == 2 / 3  # 2 of 3 completions
+    token, seq = LOSS_AGGREGATIONS.get("token-mean").share, LOSS_AGGREGATIONS.get("seq-mean-token-mean").share
+    assert token(mb[:2], mb) == 0.5  # 4 of 8 tokens
+    assert token(mb[2:], mb) == 0.5
+    assert seq(mb[:2], mb) == 2 / 3  # 2 of 3 completions
 
 
 def test_gradient_checkpointing_recomputes_layers_and_keeps_the_gradient(tiny_gguf, tiny):

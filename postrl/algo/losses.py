@@ -6,6 +6,7 @@ Shapes: B completions, T token positions; `mask` [B, T] is 1 on completion token
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,22 +18,57 @@ register_loss = LOSSES.register
 KL_ESTIMATORS = Registry("KL estimator", key="rl.kl_estimator")
 """Name -> per-token estimate of KL(policy || reference) from log r = ref_logp - logp, [B, T] -> [B, T]."""
 LOSS_AGGREGATIONS = Registry("loss aggregation", key="rl.loss_agg")
-"""Name -> reduction of per-token values [B, T] over the masked tokens to a scalar."""
+"""Name -> `Aggregation`: the reduction of per-token values [B, T] over the masked tokens to a
+scalar, with its micro-batch weight rule. Entries are added by `register_aggregation`, which
+takes both, so an aggregation without a weight rule cannot be registered."""
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """A loss aggregation and the rule that splits it over parts of a minibatch."""
+
+    reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """(values [B, T], mask [B, T]) -> scalar over the masked tokens."""
+    share: Callable[[torch.Tensor, torch.Tensor], float]
+    """(a part's mask [b, T], its minibatch's mask [B, T]) -> the weight of the part's aggregate in
+    the minibatch's: gradient accumulation over micro-batches (and data-parallel ranks) sums the
+    parts' losses times these weights, which gives the minibatch's loss."""
+
+
+def register_aggregation(name: str, share: Callable[[torch.Tensor, torch.Tensor], float]):
+    """Decorator: `@register_aggregation("name", share=rule)` registers the decorated reduction."""
+
+    def deco(reduce):
+        LOSS_AGGREGATIONS.add(name, Aggregation(reduce, share))
+        return reduce
+
+    return deco
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     """Reduce [B, T] to a scalar over masked tokens with the aggregation named `mode`."""
-    return LOSS_AGGREGATIONS.get(mode)(values, mask)
+    return LOSS_AGGREGATIONS.get(mode).reduce(values, mask)
 
 
-@LOSS_AGGREGATIONS.register("token-mean")
+def token_share(part_mask: torch.Tensor, mask: torch.Tensor) -> float:
+    """token-mean divides by the minibatch's token count, so a part holding n of its N tokens
+    weighs n / N (not 1 / number-of-parts: micro-batches hold different token counts)."""
+    return float(part_mask.sum() / mask.sum().clamp(min=1))
+
+
+def sequence_share(part_mask: torch.Tensor, mask: torch.Tensor) -> float:
+    """seq-mean-token-mean averages per-completion means, so a part of b of B completions weighs b / B."""
+    return part_mask.shape[0] / mask.shape[0]
+
+
+@register_aggregation("token-mean", share=token_share)
 def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Every token in the batch weighs the same, so long completions count in proportion to their
     length (DAPO's choice; avoids GRPO's bias toward short correct / long wrong answers)."""
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+@register_aggregation("seq-mean-token-mean", share=sequence_share)
 def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Average within each completion, then across completions (original GRPO)."""
     per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]

@@ -2,7 +2,7 @@
 
     trainer process = rank 0                                 learner process r = 1 .. N-1
     Learner.update(batch, kl_coef, generator)                learner_main: waits on its pipe
-      Ranks.begin: pipe <- (batch, kl_coef, generator) ----> Learner.update(batch, ...): the same call
+      Ranks.begin: pipe <- Update(batch, kl_coef, ...) ----> Learner.update(batch, ...): the same call
       each minibatch: its rows split N ways (tensor_split), this rank's share forward + backward
       all_reduce(gradients, SUM) <-------------------------> all_reduce(gradients, SUM)
       clip, optimizer step: the same gradients and state on every rank, so the same parameters
@@ -16,9 +16,15 @@ order of float additions. Only the update is split: rank 0 builds the batch (ref
 proximal log-probs, advantages) as with one learner and sends it whole to every rank.
 
 State: every rank loads the run's model from its path (LoRA adapters added as in the trainer)
-and makes a fresh optimiser; rank 0 sends the model's, optimiser's and scheduler's state with the
-first update and again after every checkpoint load (resume, rollback: `Learner.state_loaded`), and
-from there every rank takes the same steps.
+and makes a fresh optimiser; rank 0's learner sends its weights and `Learner.state_dict()`
+(`Ranks.send_state`: a `LoadState`) with the first update and again after every change made
+outside an update (a checkpoint load on resume or rollback, the rollback's LR change), and from
+there every rank takes the same steps. The learner is given its `Ranks` when it is built
+(`start_learners` makes rank 0's, `learner_main` the others'); `Ranks` knows the rows, the pipes
+and the reductions, not the learner's optimiser or policy.
+
+Messages from rank 0 to the other ranks are the frozen dataclasses `LoadState`, `Update` and
+`Stop`, pickled when sent.
 Checkpoints are written by rank 0 alone. Threads: each rank updates with 1/N of the trainer's
 torch threads (rank 0 only during the update; it samples and builds batches with all of them).
 
@@ -39,6 +45,7 @@ import pickle
 import queue
 import time
 import traceback
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -47,7 +54,7 @@ from postrl.config import Config
 from postrl.errors import UserError
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
-from postrl.model.device import model_device
+from postrl.learner.learner import Learner
 from postrl.model.load import load_model
 from postrl.model.lora import apply_lora
 from postrl.records import Batch
@@ -55,6 +62,29 @@ from postrl.sampling.policy import Policy
 
 _START = datetime.timedelta(seconds=600)
 """Longest wait for the ranks to start (import, load the model) and connect."""
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """Rank 0 -> the other ranks: its model weights and `Learner.state_dict()`, on the CPU."""
+
+    weights: dict[str, torch.Tensor]
+    learner: dict
+
+
+@dataclass(frozen=True)
+class Update:
+    """Rank 0 -> the other ranks: the same `Learner.update` call, the batch on the CPU."""
+
+    batch: Batch
+    kl_coef: float
+    generator_state: torch.Tensor
+    """The update's generator's state: every rank draws the same minibatch order."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Rank 0 -> the other ranks: the run is over, exit."""
 
 
 class Ranks:
@@ -69,25 +99,18 @@ class Ranks:
         holding up rank 0 here."""
         self.where = where
         """Rank 0: the run directory, for the message that tells how to resume."""
-        self.pending_state = False
-        """Rank 0: a checkpoint was loaded; the other ranks get its state before the next update."""
         self._threads_before = 0
 
     # -- rank 0
-    def begin(self, learner, batch: Batch, kl_coef: float, generator: torch.Generator) -> None:
-        """Rank 0: send the update (and, first, any state loaded since the last one) to every rank."""
+    def send_state(self, weights: dict[str, torch.Tensor], learner_state: dict) -> None:
+        """Rank 0: its model weights and `Learner.state_dict()` to every rank, ahead of the next update."""
+        self._send(LoadState(*_cpu((weights, learner_state))))
+
+    def begin(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> None:
+        """Rank 0: send the update to every rank, and take its share of the threads until `end`."""
         if self.rank != 0:
             return
-        messages = []
-        if self.pending_state:
-            messages.append(("state", *_cpu((learner.policy.model.state_dict(), learner.opt.state_dict(),
-                                               learner.sched.state_dict())), learner.policy.version))
-            self.pending_state = False
-        messages.append(("update", _batch_to(batch, "cpu"), kl_coef, generator.get_state()))
-        messages = [pickle.dumps(m) for m in messages]  # now: the optimiser's state changes in place below
-        for _, orders in self.peers:
-            for m in messages:
-                orders.put(m)
+        self._send(Update(_batch_to(batch, "cpu"), kl_coef, generator.get_state()))
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
 
@@ -99,9 +122,13 @@ class Ranks:
         """(rank, exit code) of every rank that is not running."""
         return [(r, p.exitcode) for r, (p, _) in enumerate(self.peers, start=1) if not p.is_alive()]
 
-    def close(self) -> None:
+    def _send(self, message: LoadState | Update | Stop) -> None:
+        data = pickle.dumps(message)  # now: the optimiser's state changes in place during the update
         for _, orders in self.peers:
-            orders.put(None)
+            orders.put(data)
+
+    def close(self) -> None:
+        self._send(Stop())
         for process, orders in self.peers:
             orders.cancel_join_thread()  # a dead rank never reads what is left: do not wait on it at exit
             process.join(timeout=10)
@@ -171,10 +198,11 @@ class Ranks:
                          f"newest checkpoint is where the run continues: postrl train --resume {self.where}")
 
 
-def start_learners(learner, cfg: Config, model_path: str, run_dir, log=print) -> Ranks:
-    """Start ranks 1..N-1 for `learner` (rank 0, in this process), each loading the model at
-    `model_path` (the run's `model.name`, resolved), and connect them; sets `learner.ranks`."""
-    world, device = cfg.train.learners, model_device(learner.policy.model)
+def start_learners(cfg: Config, model_path: str, device: torch.device, run_dir, log=print) -> Ranks:
+    """Start ranks 1..N-1, each loading the model at `model_path` (the run's `model.name`,
+    resolved), and connect them; returns rank 0's `Ranks` (this process, the model on `device`),
+    for the learner built next."""
+    world = cfg.train.learners
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise UserError(f"train.learners {world}: needs {world} CUDA devices, {torch.cuda.device_count()} found")
     timeout = datetime.timedelta(seconds=cfg.train.learner_timeout_s)
@@ -192,43 +220,38 @@ def start_learners(learner, cfg: Config, model_path: str, run_dir, log=print) ->
         peers.append((process, orders))
     _wait_ready(store, peers)
     group = _process_group(store, 0, world, device, timeout)
-    learner.ranks = Ranks(0, world, group, threads, peers, where=str(run_dir))
-    learner.ranks.pending_state = True  # LoRA's adapters start random: every rank takes rank 0's
     log(f"learner: {world} data-parallel ranks ({'nccl' if device.type == 'cuda' else 'gloo'}, "
         f"{threads} torch threads each during the update)")
-    return learner.ranks
+    return Ranks(0, world, group, threads, peers, where=str(run_dir))
 
 
 def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config, threads: int, device: str,
                  orders, parent: int) -> None:
-    """A learner rank: the trainer's updates, until it sends None or is gone."""
-    from postrl.learner.learner import Learner  # the module that imports this one
-
+    """A learner rank: the trainer's updates, until it sends `Stop` or is gone."""
     load_extensions(cfg.imports)
     torch.set_num_threads(threads)
     timeout = datetime.timedelta(seconds=cfg.train.learner_timeout_s)
     store = dist.TCPStore("127.0.0.1", port, world, False, timeout=_START)
     model, tok = load_model(model_path, cfg.model.dtype, log=lambda *a: None)
     model = apply_lora(model, cfg.model.lora).to(device)
-    learner = Learner(Policy(model, tok), None, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
-                      proximal=cfg.pipeline.proximal)
     store.set(f"ready/{rank}", "1")  # loaded: the group forms now, and its collectives wait `timeout` at most
-    learner.ranks = Ranks(rank, world, _process_group(store, rank, world, torch.device(device), timeout), threads)
+    ranks = Ranks(rank, world, _process_group(store, rank, world, torch.device(device), timeout), threads)
+    learner = Learner(Policy(model, tok), None, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
+                      proximal=cfg.pipeline.proximal, ranks=ranks)
     try:
-        while (msg := next_order(orders, parent)) is not None:
-            msg = pickle.loads(msg)
-            if msg[0] == "state":
-                _, model_state, opt_state, sched_state, version = msg
-                learner.policy.model.load_state_dict(model_state)
-                learner.opt.load_state_dict(opt_state)
-                learner.sched.load_state_dict(sched_state)
-                learner.policy.version = version
-            else:
-                _, batch, kl_coef, generator_state = msg
+        while (data := next_order(orders, parent)) is not None:  # None: the trainer has gone
+            msg = pickle.loads(data)
+            if isinstance(msg, Stop):
+                return
+            if isinstance(msg, LoadState):
+                learner.load_rank_state(msg.weights, msg.learner)
+            elif isinstance(msg, Update):
                 crash_point("learner.update")  # recovery tests: a rank dies with an update in hand
                 generator = torch.Generator()
-                generator.set_state(generator_state)
-                learner.update(_batch_to(batch, device), kl_coef, generator)
+                generator.set_state(msg.generator_state)
+                learner.update(_batch_to(msg.batch, device), msg.kl_coef, generator)
+            else:
+                raise TypeError(f"learner rank {rank}: unknown message {type(msg).__name__}")
     except Exception:
         traceback.print_exc()  # rank 0 sees the failed collective and says which rank stopped
         raise SystemExit(1) from None

@@ -3,6 +3,15 @@
     learner = Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model)  # model: micro-batches, checkpointing, chunks
     batch = learner.build_batch(samples, kl_coef)      # tensors, reference log-probs, advantages
     stats = learner.update(batch, kl_coef, generator)  # ppo_epochs x minibatches optimiser steps
+    state = learner.state_dict()                       # optimiser (bf16: its fp32 masters), LR schedule, version
+    learner.load_state_dict(state)                     # a checkpoint's (the model's weights are loaded first)
+    learner.scale_lr(0.5)                              # rollback: the learning rate from here on
+
+The learner owns its state: the optimiser, the LR schedule and the policy version (`policy.version`,
+which counts its optimiser steps) are written by it alone, saved and restored through
+`state_dict` / `load_state_dict`. With `train.learners` > 1 it is given its data-parallel ranks
+when it is built (`postrl.learner.distributed.Ranks`) and hands them its weights and state when
+theirs are behind (at the start, after a load or an LR change).
 
 The learner owns each step's advantages: `build_batch` computes them from the samples' rewards
 (`postrl.algo.advantages.group_advantages`) and writes each one into its sample (`advantage`,
@@ -19,17 +28,21 @@ lives on the model's device; a bf16 model trains with float32 master weights
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from postrl.algo.advantages import ADVANTAGES, group_advantages
-from postrl.algo.losses import LOSSES, aggregate, kl_estimate, truncated_is_weight
+from postrl.algo.losses import LOSS_AGGREGATIONS, LOSSES, aggregate, kl_estimate, truncated_is_weight
 from postrl.config import ModelConfig, RLConfig, TrainConfig
 from postrl.learner.precision import make_optimizer
 from postrl.model.device import model_device
 from postrl.model.logprobs import hf_decoder_and_head, token_logprobs
 from postrl.records import Batch, Sample
 from postrl.sampling.policy import Policy
+
+if TYPE_CHECKING:  # distributed imports this module (its ranks build a Learner)
+    from postrl.learner.distributed import Ranks
 
 
 @dataclass
@@ -51,7 +64,8 @@ class UpdateStats:
 
 class Learner:
     def __init__(self, policy: Policy, ref_model, train: TrainConfig, rl: RLConfig,
-                 model_cfg: ModelConfig | None = None, is_cap: float = 2.0, proximal: str = "trainer"):
+                 model_cfg: ModelConfig | None = None, is_cap: float = 2.0, proximal: str = "trainer",
+                 ranks: Ranks | None = None):
         self.policy, self.ref_model, self.train_cfg, self.rl = policy, ref_model, train, rl
         self.is_cap = is_cap
         """Truncation of the behaviour->proximal importance weight on stale batches."""
@@ -72,18 +86,61 @@ class Learner:
                 policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.forward_model = _ModuleForward(policy.model)
         self.loss_fn = LOSSES.get(rl.loss)
+        self.aggregation = LOSS_AGGREGATIONS.get(rl.loss_agg)
+        """`rl.loss_agg`: its micro-batch weight rule (`Aggregation.share`) weights accumulated gradients."""
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.opt = make_optimizer(params, lr=train.lr, weight_decay=train.weight_decay)  # bf16: fp32 masters
         warmup = max(1, train.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warmup))
-        self.ranks = None
+        self.ranks = ranks
         """`postrl.learner.distributed.Ranks` with `train.learners` > 1: this rank's share, the reductions."""
+        self._ranks_behind = False
+        """Rank 0: the other ranks lack this rank's weights or state; they get them with the next update."""
+        self._state_changed()  # LoRA's adapters start random and each rank made its own optimiser
+
+    def state_dict(self) -> dict:
+        """What a checkpoint holds of the learner: the optimiser's state (with bf16 models its
+        float32 master weights, `postrl.learner.precision`), the LR schedule's, and the policy
+        version. The model's weights are not in it: a checkpoint keeps them as a model directory."""
+        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                "policy_version": self.policy.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state` (`state_dict`'s), after the model's weights were loaded (bf16: the
+        optimiser's master weights are then written over them). The other data-parallel ranks get it
+        with the next update."""
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.policy.version = state["policy_version"]
+        self._state_changed()
+
+    def scale_lr(self, factor: float) -> None:
+        """The learning rate times `factor` from here on, warm-up included: the optimiser's current
+        rates and the schedule's base rates (rollback's `monitor.rollback_lr_factor`)."""
+        for group in self.opt.param_groups:
+            group["lr"] *= factor
+        self.sched.base_lrs = [lr * factor for lr in self.sched.base_lrs]
+        self._state_changed()
+
+    def _state_changed(self) -> None:
+        """The one place that marks the other ranks behind (rank 0 of several; nothing otherwise)."""
+        self._ranks_behind = self.ranks is not None and self.ranks.rank == 0
+
+    def load_rank_state(self, weights: dict, state: dict) -> None:
+        """Ranks 1..N-1: rank 0's model weights and `state_dict`, as `Ranks` delivers them."""
+        self.policy.model.load_state_dict(weights)
+        self.load_state_dict(state)
+
+    def dead_ranks(self) -> list[tuple[int, int | None]]:
+        """(rank, exit code) of every data-parallel rank that is not running; [] with one learner."""
+        return self.ranks.dead() if self.ranks is not None else []
 
     def build_batch(self, samples: list[Sample], kl_coef: float) -> Batch:
         """Right-pad prompt+completion rows (position t of the masks predicts token t+1), compute
         the reference log-probs once (or take those a sampler process computed,
         `Sample.ref_logprobs`), and the advantages. `samples`: whole groups of
-        `train.samples_per_prompt`, contiguous."""
+        `train.samples_per_prompt`, contiguous (a ValueError otherwise)."""
+        check_whole_groups([s.group for s in samples], self.train_cfg.samples_per_prompt)
         ids, attn, loss_mask, old = (t.to(self.device) for t in _padded_rows(samples, self.policy.tok.pad_token_id))
         temps = torch.tensor([s.temperature for s in samples], device=self.device)
         ref = None
@@ -100,7 +157,8 @@ class Learner:
     def _advantages(self, samples, old, ref, loss_mask, kl_coef: float) -> torch.Tensor:
         """[B] group-relative advantages, written into the samples too. With `rl.kl_in: reward`
         each reward is first reduced by kl_coef times the sequence KL to the reference (summed over
-        tokens, on the behaviour log-probs), as in PPO-RLHF."""
+        tokens, on the behaviour log-probs), as in PPO-RLHF. The [G, N] view needs whole groups,
+        each contiguous: `build_batch` checked them."""
         n = self.train_cfg.samples_per_prompt
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=self.device).view(-1, n)  # [G, N]
         verified = torch.tensor([s.score is not None and s.score.status == "ok" for s in samples],
@@ -139,7 +197,10 @@ class Learner:
         """`ppo_epochs` x `minibatches` optimiser steps on `batch`; with data-parallel ranks
         (`postrl.learner.distributed`) each takes its share of every minibatch, the same call on each."""
         if self.ranks is not None:
-            self.ranks.begin(self, batch, kl_coef, generator)
+            if self._ranks_behind:  # sent before this update changes the optimiser's state in place
+                self.ranks.send_state(self.policy.model.state_dict(), self.state_dict())
+                self._ranks_behind = False
+            self.ranks.begin(batch, kl_coef, generator)
         try:
             return self._update(batch, kl_coef, generator)
         finally:
@@ -189,19 +250,13 @@ class Learner:
         denominator, so the summed gradient is the minibatch's."""
         rows, kl_max = mb if self.ranks is None else self.ranks.share(mb), 0.0
         for micro in self._micro_batches(rows, batch.attention_mask) if len(rows) else []:
-            weight = _share(batch.loss_mask[micro], batch.loss_mask[mb], self.rl.loss_agg)
+            weight = self.aggregation.share(batch.loss_mask[micro], batch.loss_mask[mb])
             loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy)
             (weight * loss).backward()
             for key in ("loss", "pg", "kl", "ent", "clip"):
                 totals[key] += weight * terms[key]
             kl_max = max(kl_max, terms["kl_max"])
         return kl_max
-
-    def state_loaded(self) -> None:
-        """A checkpoint's state was loaded into the policy and optimiser: the other data-parallel
-        ranks get it before the next update."""
-        if self.ranks is not None:
-            self.ranks.pending_state = True
 
     def close(self) -> None:
         if self.ranks is not None:
@@ -344,17 +399,17 @@ def offpolicy_stats(batch: Batch, cap: float) -> dict[str, float]:
     }
 
 
-def _share(micro_mask: torch.Tensor, mb_mask: torch.Tensor, agg: str) -> float:
-    """Weight of a micro-batch's aggregated loss in its minibatch's loss.
-
-    token-mean divides by the minibatch's token count, so a micro-batch holding n of its N tokens
-    weighs n / N (not 1 / number-of-micro-batches: micro-batches hold different token counts).
-    seq-mean-token-mean averages per-completion means, so the weight is b / B completions."""
-    if agg == "token-mean":
-        return float(micro_mask.sum() / mb_mask.sum().clamp(min=1))
-    if agg == "seq-mean-token-mean":
-        return micro_mask.shape[0] / mb_mask.shape[0]
-    raise ValueError(f"unknown loss aggregation {agg!r}")
+def check_whole_groups(groups: list[int], size: int) -> None:
+    """A ValueError unless `groups` (each sample's `Sample.group`, in batch order) are whole groups of
+    `size` samples, each group's samples contiguous: the advantages view the rewards as [G, size]."""
+    chunks = [groups[i : i + size] for i in range(0, len(groups), size)]
+    firsts = [chunk[0] for chunk in chunks]
+    if len(groups) % size == 0 and all(g == chunk[0] for chunk in chunks for g in chunk) \
+            and len(set(firsts)) == len(firsts):
+        return
+    shown = ", ".join(map(str, groups[:32])) + (", ..." if len(groups) > 32 else "")
+    raise ValueError(f"a batch must hold whole groups of train.samples_per_prompt = {size} samples, each group's "
+                     f"samples contiguous; got {len(groups)} samples of groups {shown}")
 
 
 class _ModuleForward:

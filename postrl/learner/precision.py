@@ -11,8 +11,9 @@ trainable weight and float32 moments, steps the master copy, and writes it back 
 weights rounded to nearest. Memory: 4 bytes of master plus 8 of moments per trainable weight
 (with LoRA only the adapters), against 2 + 4 for bf16 AdamW.
 
-A checkpoint carries the master weights inside the optimiser's state (`master_weights`), so a
-resumed run continues from the float32 values, not from the rounded bf16 ones.
+A checkpoint carries the master weights inside the optimiser's state (`master_weights`, in
+`Learner.state_dict()["optimizer"]`), so a resumed run continues from the float32 values, not from
+the rounded bf16 ones.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class MasterAdamW(torch.optim.AdamW):
     """AdamW on float32 master copies of (bf16 or fp16) model parameters.
 
     Its param_groups hold the masters, so learning-rate schedules, `state_dict` and the rollback's
-    learning-rate change work as for plain AdamW. `step()` reads the model parameters' gradients,
+    learning-rate change (`Learner.scale_lr`) work as for plain AdamW. `step()` reads the model parameters' gradients,
     steps the masters and copies them back; `zero_grad()` clears the model's gradients too."""
 
     def __init__(self, params, **adamw):
