@@ -212,7 +212,7 @@ def test_cli_errors_exit_2_with_one_line(run_dir, tmp_path_factory, monkeypatch,
     assert rc == 2 and "--sql" in err
 
 
-def test_replay_trains_on_stored_rollouts(tiny_model_dir, tmp_path):
+def test_replay_trains_on_stored_rollouts(tiny_model_dir, tmp_path, capsys):
     """`pipeline.source=replay:RUN_DIR` trains without sampling, on exactly the stored samples,
     correcting for the policy that produced them."""
     import json
@@ -243,6 +243,14 @@ def test_replay_trains_on_stored_rollouts(tiny_model_dir, tmp_path):
     before = load_file(tiny_model_dir / "model.safetensors")
     after = load_file(replay / "final" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    # the stored groups are of 4: replayed as groups of 2 they would mix two problems' rewards in
+    # one advantage baseline (16 samples is a multiple of 2, so only the group check sees it)
+    mixed = tmp_path / "mixed"
+    assert main(["train", "recipes/default.yaml", f"run.dir={mixed}", f"pipeline.source=replay:{source}",
+                 *common, "train.samples_per_prompt=2", "train.prompts_per_step=8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "whole groups of train.samples_per_prompt = 2" in err[0], err
 
 
 def test_replay_of_a_run_without_rollouts_is_a_user_error(tiny_model_dir, tmp_path, capsys):

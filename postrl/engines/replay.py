@@ -16,6 +16,7 @@ from pathlib import Path
 
 from postrl.engines.pipeline import Order, Pipeline, Rollout
 from postrl.errors import UserError
+from postrl.learner.learner import check_whole_groups
 from postrl.records import Sample
 from postrl.store.rollouts import read_rows, shard_steps
 
@@ -53,6 +54,10 @@ class ReplayEngine(Pipeline):
         if len(samples) % n:
             raise UserError(f"replay source {self.source} step {order.step} holds {len(samples)} samples, "
                             f"not a multiple of train.samples_per_prompt={n}")
+        try:  # a stored run sampled with another samples_per_prompt: its groups would be mixed
+            check_whole_groups([s.group for s in samples], n)
+        except ValueError as e:
+            raise UserError(f"replay source {self.source} step {order.step}: {e}") from None
         return Rollout(order.step, samples, time.perf_counter() - t0, 0.0)
 
     def _staleness(self, samples: list[Sample]) -> dict[str, float]:
