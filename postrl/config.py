@@ -6,8 +6,8 @@ Each field's docstring-style comment is its help text. Validation happens once, 
 key, a wrong type or a value out of range raises `ConfigError` with one line naming the key (and
 the closest valid key, or the expected type). Values that name a registered thing (a domain, a
 loss, a schedule, ...) are checked by `postrl.names.check_names`: this module knows no registry and
-imports nothing of postrl but the errors and the monitors' settings. The resolved config is what a
-run saves as `config.yaml`.
+imports nothing of postrl but the errors, the monitors' settings and the atomic writer. The resolved
+config is what a run saves as `config.yaml`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from postrl.errors import ConfigError
+from postrl.files import write_atomic
 from postrl.monitor.settings import MonitorConfig  # import-free settings module, owned by monitor/
 
 
@@ -650,4 +651,6 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Written whole or not at all: `--resume` reads it back, and a half-written one would be neither
+    a run to resume nor an empty directory to start in."""
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
