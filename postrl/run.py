@@ -166,8 +166,9 @@ class Run:
         rollbacks are left and one exists), or stop with a checkpoint. Returns (next step, stopped)."""
         actions = {a.action for a in alerts}
         monitor = self.cfg.monitor
-        if "rollback" in actions and self.rollbacks < monitor.max_rollbacks and self.ckpt.steps():
-            target = rollback_target(self.ckpt, alerts)
+        rolls_back = "rollback" in actions and self.rollbacks < monitor.max_rollbacks
+        target = rollback_target(self.ckpt, alerts) if rolls_back else None  # None: none intact
+        if target is not None:
             return restore_checkpoint(self, lr_factor=monitor.rollback_lr_factor, ckpt=target), False
         if actions & {"stop", "rollback"}:
             self.log(f"stopping at step {step}: alert {', '.join(a.name for a in alerts)}")

@@ -354,6 +354,9 @@ def test_a_rollback_goes_to_the_kept_checkpoint_nearest_the_named_step_not_after
     assert rollback_target(ckpts, [named(3, "warn"), Alert(9, "kl_spike", "m", "rollback")]).step == 8
     (ckpts.root / "step_00000004" / "model" / "w.bin").write_bytes(b"damaged")
     assert rollback_target(ckpts, [named(5)]).step == 2  # a damaged one is skipped, still not after the peak
+    for step in (2, 6, 8):
+        (ckpts.root / f"step_{step:08d}" / "meta.json").unlink()
+    assert rollback_target(ckpts, [named(5)]) is None  # none intact: act_on stops the run instead
 
 
 def test_a_rollback_drops_the_checkpoints_of_the_abandoned_branch(tmp_path):
