@@ -8,7 +8,7 @@ sampled token now and then, and from there the trajectory is another draw, as an
 This script draws many of them from a model of that benchmark's curves, with the monitor itself:
 
 - gold rises 0.27 -> 0.46 over steps 0..4, then falls `slope` a step (0.03, 0.05, 0.08);
-- each step the monitor sees 128 samples' gold (0 or 1, drawn at that step's gold) and a rising
+- each step the monitor sees 128 samples' gold (`--samples-per-step`) (0 or 1, drawn at that step's gold) and a rising
   proxy; held-out gold is 256 samples a step, its peak the benchmark's (3-step trailing mean);
 - prints, per slope, the lag's mean, spread and share above 3 steps, where the held-out peak
   landed, and the share of 100-step runs of flat gold (proxy jittering) on which it fired at all.
@@ -46,7 +46,7 @@ def trailing_peak(values: list[float], k: int = 3) -> int:
     return max(range(k - 1, len(values)), key=lambda s: sum(values[s - k + 1 : s + 1]))
 
 
-def one_run(seed: int, slope: float, settings: dict, steps: int = 20) -> tuple[int, int | None]:
+def one_run(seed: int, slope: float, settings: dict, per_step: int = 128, steps: int = 20) -> tuple[int, int | None]:
     """(held-out peak step, step the monitor fired or None) of one simulated run."""
     rng = random.Random(seed)
     monitor = ProxyGold(ProxyGoldConfig(**settings), None)
@@ -54,17 +54,17 @@ def one_run(seed: int, slope: float, settings: dict, steps: int = 20) -> tuple[i
     for step in range(steps):
         gold = gold_at(step, slope)
         held.append(sum(rng.random() < gold for _ in range(256)) / 256)
-        if monitor.update(step, {}, step_samples(rng, 0.3 + 0.03 * step, gold, 128)) and fired is None:
+        if monitor.update(step, {}, step_samples(rng, 0.3 + 0.03 * step, gold, per_step)) and fired is None:
             fired = step
     return trailing_peak(held), fired
 
 
-def false_alarm_share(settings: dict, runs: int, steps: int = 100) -> float:
+def false_alarm_share(settings: dict, runs: int, per_step: int = 128, steps: int = 100) -> float:
     fired = 0
     for seed in range(runs):
         rng = random.Random(10_000 + seed)
         monitor = ProxyGold(ProxyGoldConfig(**settings), None)
-        fired += any(monitor.update(s, {}, step_samples(rng, 0.5 + rng.uniform(-0.1, 0.1), 0.45, 128))
+        fired += any(monitor.update(s, {}, step_samples(rng, 0.5 + rng.uniform(-0.1, 0.1), 0.45, per_step))
                      for s in range(steps))
     return fired / runs
 
@@ -72,19 +72,20 @@ def false_alarm_share(settings: dict, runs: int, steps: int = 100) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=100)
+    p.add_argument("--samples-per-step", type=int, default=128, help="gold-scored samples the monitor sees a step")
     p.add_argument("--settings", default="{}", help="ProxyGoldConfig fields as JSON, e.g. '{\"noise_z\": 3}'")
     args = p.parse_args()
     settings = json.loads(args.settings)
     print(f"proxy_gold settings: {ProxyGoldConfig(**settings)}")
     for slope in (0.03, 0.05, 0.08):
-        runs = [one_run(seed, slope, settings) for seed in range(args.seeds)]
+        runs = [one_run(seed, slope, settings, args.samples_per_step) for seed in range(args.seeds)]
         lags = [fired - peak for peak, fired in runs if fired is not None]
         peaks = sorted({peak for peak, _ in runs})
         print(f"gold falling {slope:.2f}/step: lag mean {sum(lags) / max(len(lags), 1):.1f}, "
               f"range {min(lags, default=None)}..{max(lags, default=None)}, "
               f"above 3 in {sum(lag > 3 for lag in lags) / max(len(lags), 1):.0%}, never fired "
               f"{args.seeds - len(lags)}; held-out peak found at steps {peaks[0]}..{peaks[-1]}")
-    print(f"fired on flat gold (100 steps, proxy jittering): {false_alarm_share(settings, args.seeds // 2):.0%} of runs")
+    print(f"fired on flat gold (100 steps, proxy jittering): {false_alarm_share(settings, args.seeds // 2, args.samples_per_step):.0%} of runs")
 
 
 if __name__ == "__main__":
