@@ -1,6 +1,9 @@
 """Reward-model over-optimisation on CPU: a proxy reward model, a gold rule, and the monitor between them.
 
-    nice .venv/bin/python benchmarks/rm_overoptimization.py [--steps 30] [--out docs/rm-overoptimization.png]
+    nice .venv/bin/python benchmarks/rm_overoptimization.py [--steps 40] [--seeds 0,1,2,3,4] [--out docs/rm-overoptimization.png]
+
+Steps 2-5 run once per seed (the seed drives the preference samples, the reward model's head and
+training, and the RL run; the prompts stay the same); seed 0 is the run this benchmark always made.
 
 1. The gold rule is the project's own (`postrl.rewards.models.concise`): a reply that answers right and
    stays short beats one that is long, evasive or wrong.
@@ -16,10 +19,15 @@
    held-out score. Eval also scores the base model (step 0).
 5. Prints the proxy and gold curves, the step where gold peaked (the peak of the 3-step moving
    average of held-out gold), the step where the monitor fired, and the held-out gold of the best
-   checkpoint kept; saves the plot; ends with `RESULT fire_minus_peak=<steps> target=<=3`.
+   checkpoint kept, each seed's lag (fire step - peak step); saves the plot of the first seed;
+   ends with `RESULT fire_minus_peak_max=<steps> seeds=<n> target<=3`.
 
-Targets (issue 19): the monitor fires within 3 steps of the gold peak; the kept checkpoint's gold
-is within 2 standard errors of the best seen.
+Targets (issues 19, 30): the monitor fires within 3 steps of the gold peak on every seed; the kept
+checkpoint's gold is within 2 standard errors of the best seen. One seed's lag is one draw: another
+machine's floats make another trajectory, as another seed does (`benchmarks/proxy_gold_lag.py`
+shows how far the lag moves between draws, and why). A run of fewer steps is the same trajectory
+cut short (the learning rate does not depend on train.total_steps): `--steps 20` finds the same
+peaks and lags when they fall before step 20.
 """
 
 from __future__ import annotations
