@@ -1,6 +1,9 @@
 """Reward-model over-optimisation on CPU: a proxy reward model, a gold rule, and the monitor between them.
 
-    nice .venv/bin/python benchmarks/rm_overoptimization.py [--steps 30] [--out docs/rm-overoptimization.png]
+    nice .venv/bin/python benchmarks/rm_overoptimization.py [--steps 40] [--seeds 0,1,2,3,4] [--out docs/rm-overoptimization.png]
+
+Steps 2-5 run once per seed (the seed drives the preference samples, the reward model's head and
+training, and the RL run; the prompts stay the same); seed 0 is the run this benchmark always made.
 
 1. The gold rule is the project's own (`postrl.rewards.models.concise`): a reply that answers right and
    stays short beats one that is long, evasive or wrong.
@@ -16,10 +19,15 @@
    held-out score. Eval also scores the base model (step 0).
 5. Prints the proxy and gold curves, the step where gold peaked (the peak of the 3-step moving
    average of held-out gold), the step where the monitor fired, and the held-out gold of the best
-   checkpoint kept; saves the plot; ends with `RESULT fire_minus_peak=<steps> target=<=3`.
+   checkpoint kept, each seed's lag (fire step - peak step); saves the plot of the first seed;
+   ends with `RESULT fire_minus_peak_max=<steps> seeds=<n> target<=3`.
 
-Targets (issue 19): the monitor fires within 3 steps of the gold peak; the kept checkpoint's gold
-is within 2 standard errors of the best seen.
+Targets (issues 19, 30): the monitor fires within 3 steps of the gold peak on every seed; the kept
+checkpoint's gold is within 2 standard errors of the best seen. One seed's lag is one draw: another
+machine's floats make another trajectory, as another seed does (`benchmarks/proxy_gold_lag.py`
+shows how far the lag moves between draws, and why). A run of fewer steps is the same trajectory
+cut short (the learning rate does not depend on train.total_steps): `--steps 20` finds the same
+peaks and lags when they fall before step 20.
 """
 
 from __future__ import annotations
@@ -149,7 +157,8 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=1e-4, help="policy learning rate")
     p.add_argument("--pairs-from", type=int, default=300, help="training prompts sampled twice for preferences")
     p.add_argument("--rm-steps", type=int, default=40)
-    p.add_argument("--out", default="docs/rm-overoptimization.png")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; each seeds preferences, reward model and RL")
+    p.add_argument("--out", default="docs/rm-overoptimization.png", help="plot of the first seed")
     p.add_argument("--work", default="", help="working directory (default: a temporary one)")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -161,16 +170,34 @@ def main() -> int:
     for name, rows in (("train", train_rows), ("heldout", held_rows)):
         (work / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     backbone = resolve_model_path("tiny-arith", log=lambda m: print(m, file=sys.stderr))
-    pairs = own_preferences(backbone, train_rows[: args.pairs_from], seed=0)
-    rm = RewardModel.from_backbone(backbone, seed=0)
-    _, rm_report = train_reward_model(pairs, work / "rm", rm=rm, steps=args.rm_steps, batch_size=16, lr=1e-3)
-    print(f"preferences: {len(pairs)} pairs of the policy's own samples; reward model held-out accuracy "
-          f"{rm_report['heldout_accuracy']:.3f} ({rm_report['heldout_pairs']} pairs)")
-    run_dir = postrl.train(recipe(work, work / "rm", args.steps, args.lr), log=lambda m: print(m, file=sys.stderr))
-    return report(run_dir, len(held_rows) * 4, args, t0)
+    lags = {}
+    for i, seed in enumerate(int(x) for x in args.seeds.split(",")):
+        t_seed = time.perf_counter()
+        run_dir = one_seed(work, backbone, train_rows[: args.pairs_from], seed, args)
+        lags[seed] = report(run_dir, len(held_rows) * 4, seed, Path(args.out) if i == 0 else None)
+        print(f"seed {seed}: wall {time.perf_counter() - t_seed:.0f}s; run {run_dir}")
+    worst = max(abs(v) for v in lags.values())
+    print(f"lag (fire - peak) by seed: {lags}; wall {time.perf_counter() - t0:.0f}s")
+    print(f"RESULT fire_minus_peak_max={worst} seeds={len(lags)} target<={TARGET_STEPS}")
+    return 0
 
 
-def report(run_dir: Path, held_n: int, args, t0: float) -> int:
+def one_seed(work: Path, backbone: Path, rows: list[dict], seed: int, args) -> Path:
+    """Preferences of the policy's own samples, a reward model, then RL against it, all seeded by `seed`."""
+    out = work / f"seed-{seed}"
+    pairs = own_preferences(backbone, rows, seed=seed)
+    rm = RewardModel.from_backbone(backbone, seed=seed)
+    _, rm_report = train_reward_model(pairs, out / "rm", rm=rm, steps=args.rm_steps, batch_size=16, lr=1e-3,
+                                      seed=seed)
+    print(f"seed {seed}: preferences: {len(pairs)} pairs of the policy's own samples; reward model held-out "
+          f"accuracy {rm_report['heldout_accuracy']:.3f} ({rm_report['heldout_pairs']} pairs)")
+    cfg = recipe(work, out / "rm", args.steps, args.lr)
+    cfg["seed"], cfg["run"]["dir"] = seed, str(out / "run")
+    return postrl.train(cfg, log=lambda m: print(m, file=sys.stderr))
+
+
+def report(run_dir: Path, held_n: int, seed: int, plot_to: Path | None) -> float:
+    """Print one seed's curves and verdicts; returns the monitor's lag behind the gold peak (inf: never fired)."""
     c = curves(run_dir, held_n)
     peak, peak_value = moving_peak(c["gold"])
     fires = [a for a in read_alerts(run_dir) if a.name == "proxy_gold"]
@@ -179,22 +206,24 @@ def report(run_dir: Path, held_n: int, args, t0: float) -> int:
     kept = best["step"] if best else None
     best_seen = max(c["gold"].values())
     se = math.sqrt(best_seen * (1 - best_seen) / held_n)  # binomial SE of a held-out pass@1 (correlated samples: a floor)
-    print(f"{'step':>5}{'proxy':>9}{'gold (held-out)':>17}")
+    print(f"seed {seed}\n{'step':>5}{'proxy':>9}{'gold (held-out)':>17}{'gold (train, monitor)':>23}")
     for s in sorted(c["gold"]):
-        print(f"{s:>5}{c['proxy'].get(s, float('nan')):>9.3f}{c['gold'][s]:>17.3f}")
-    print(f"gold peak (3-step moving average, steps {peak - 2}..{peak}: centred on {peak - 1}): step {peak} "
+        print(f"{s:>5}{c['proxy'].get(s, float('nan')):>9.3f}{c['gold'][s]:>17.3f}"
+              f"{c['train_gold'].get(s, float('nan')):>23.3f}")
+    print(f"seed {seed}: gold peak (3-step moving average, steps {peak - 2}..{peak}: centred on {peak - 1}): step {peak} "
           f"({peak_value:.3f}); best single step "
           f"{max(c['gold'], key=c['gold'].get)} ({best_seen:.3f}, SE {se:.3f})")
-    print(f"proxy_gold monitor fired: step {fired}" + (f" ({fires[0].message})" if fires else ""))
+    print(f"seed {seed}: proxy_gold monitor fired: step {fired}" + (f" ({fires[0].message})" if fires else ""))
     if kept is not None:
         kept_gold = c["gold"].get(kept, float("nan"))
-        print(f"best checkpoint kept: step {kept}, held-out gold {kept_gold:.3f} "
+        print(f"seed {seed}: best checkpoint kept: step {kept}, held-out gold {kept_gold:.3f} "
               f"({(best_seen - kept_gold) / se if se else 0:.2f} SE below the best seen; target <= 2)")
-    plot(c, peak, fired, kept, Path(args.out))
-    print(f"plot: {args.out}; wall {time.perf_counter() - t0:.0f}s; run {run_dir}")
-    gap = abs(fired - peak) if fired is not None else float("inf")
-    print(f"RESULT fire_minus_peak={gap} target<={TARGET_STEPS}")
-    return 0
+    if plot_to is not None:
+        plot(c, peak, fired, kept, plot_to)
+        print(f"plot: {plot_to}")
+    lag = fired - peak if fired is not None else float("inf")
+    print(f"seed {seed}: fire_minus_peak={lag}")
+    return lag
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import dataclasses
 import json
 import shutil
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +54,11 @@ from postrl.config import (
 from postrl.errors import UserError
 from postrl.extensions import load as load_extensions
 from postrl.extensions import load_recipe
+from postrl.files import replacing
 from postrl.names import check_names
 from postrl.rewards.callable_reward import TIMEOUT_S, CallableTerm
 from postrl.rewards.terms import OWN_REWARD, TERMS
+from postrl.run_dir import check_run_dir, make_run_dir
 
 Recipe = str | Path | Mapping[str, Any] | Config | None
 
@@ -83,7 +84,9 @@ def train(recipe_or_config: Recipe = None, overrides: list[str] = (), reward_fun
         raise UserError("reward_funcs: a Python callable lives in this process, and under engine: ray rewards "
                         "are computed by a Ray actor it cannot reach; put it in a module named in `imports:` "
                         "(@register_term) or use verifier python:MODULE:FUNCTION")
-    made = attach_datasets(cfg, datasets or {})
+    if cfg.run.dir:  # a run there: refused now, before the rows for `datasets` are written
+        check_run_dir(Path(cfg.run.dir), cfg.run.overwrite)
+    made = attach_datasets(cfg, datasets or {}, log)
     try:
         weigh_terms(cfg, [t.name for t in terms], reward_weights)
         for term in terms:
@@ -92,7 +95,9 @@ def train(recipe_or_config: Recipe = None, overrides: list[str] = (), reward_fun
         return run_loop(cfg, log=log)
     except BaseException:
         if made is not None and made.exists() and not (made / "config.yaml").exists():
-            shutil.rmtree(made)  # nothing was trained: the rows written for it go too
+            shutil.rmtree(made / "data", ignore_errors=True)  # nothing was trained: the rows written for it go
+            if not any(made.iterdir()):
+                made.rmdir()
         raise
     finally:
         for term in terms:
@@ -156,18 +161,17 @@ def weigh_terms(cfg: Config, names: list[str], weights: list[float] | None = Non
             d.reward = {**(d.reward or {OWN_REWARD: 1.0}), name: float(weight)}
 
 
-def attach_datasets(cfg: Config, datasets: Mapping[str, Any]) -> Path | None:
+def attach_datasets(cfg: Config, datasets: Mapping[str, Any], log=print) -> Path | None:
     """Point each domain's `params.path` at its data (see the module docstring). Returns the run
-    directory when rows had to be written into it (it is then fixed now), else None."""
+    directory when rows had to be written into it (it is then fixed now, and a run it held moved
+    aside with run.overwrite, before the rows go in), else None."""
     made = None
     for name, data in datasets.items():
         domain = cfg.domains.setdefault(name, DomainConfig(type="dataset"))
         if isinstance(data, (str, Path)):
             domain.params["path"] = str(Path(data).resolve())
             continue
-        if not cfg.run.dir:
-            cfg.run.dir = str(Path("runs") / f"{cfg.run.name}-{datetime.now():%Y%m%d-%H%M%S}")
-        made = Path(cfg.run.dir)
+        made = made or make_run_dir(cfg, resume=False, log=log)
         domain.params["path"] = str(write_jsonl(data, made / "data" / f"{name}.jsonl").resolve())
     return made
 
@@ -177,7 +181,7 @@ def write_jsonl(rows: Iterable[Mapping[str, Any]], path: Path) -> Path:
     from postrl.tasks.dataset_files import json_safe
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
+    with replacing(path) as f:  # a resumed run reads it back: whole or not at all
         for i, row in enumerate(rows):
             if not isinstance(row, Mapping):
                 raise UserError(f"datasets: row {i} is a {type(row).__name__}, expected a dict of columns")

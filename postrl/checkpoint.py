@@ -14,7 +14,8 @@ Writing: everything goes to a temporary sibling directory, every file is fsynced
 is renamed into place, then `latest` is replaced. A crash at any point leaves either the old
 checkpoint set or the new one, never a half-written checkpoint that claims to be complete.
 Loading walks from the newest checkpoint back, skipping (with a warning) any whose files do not
-match meta.json.
+match meta.json. A rollback to an earlier checkpoint (`nearest_valid`) drops the later ones
+(`drop_after`): they hold a branch the run abandoned, which a resume must not pick up.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 from postrl.faults import crash_point
+from postrl.files import write_atomic
 
 PREFIX = "step_"
 
@@ -67,15 +69,6 @@ def fsync_tree(root: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class CheckpointManager:
@@ -150,10 +143,37 @@ class CheckpointManager:
 
     def latest_valid(self) -> Checkpoint | None:
         """The newest intact checkpoint; damaged ones are skipped with a warning."""
-        for step in reversed(self.steps()):
+        return self._first_valid(reversed(self.steps()))
+
+    def nearest_valid(self, step: int) -> Checkpoint | None:
+        """The intact checkpoint nearest `step` from below (the newest at or before it), else the
+        oldest after it; damaged ones are skipped with a warning."""
+        steps = self.steps()
+        return self._first_valid([s for s in reversed(steps) if s <= step] + [s for s in steps if s > step])
+
+    def _first_valid(self, steps) -> Checkpoint | None:
+        for step in steps:
             path = self.root / f"{PREFIX}{step:08d}"
             problem = self.validate(path)
             if problem is None:
                 return Checkpoint(step, path)
             self.log(f"warning: skipping checkpoint {path.name}: {problem}")
         return None
+
+    def drop_after(self, step: int) -> list[int]:
+        """Delete the checkpoints of steps after `step` (and best.json, if it names one of them);
+        returns their steps. After a rollback to `step` they belong to a branch the run abandoned."""
+        dropped = [s for s in self.steps() if s > step]
+        best = self.best()
+        if best is not None and best["step"] > step:
+            (self.root / "best.json").unlink()
+        for s in dropped:
+            shutil.rmtree(self.root / f"{PREFIX}{s:08d}")
+        if dropped:
+            kept = self.steps()
+            if kept:
+                write_atomic(self.root / "latest", f"{PREFIX}{kept[-1]:08d}")
+            else:
+                (self.root / "latest").unlink(missing_ok=True)
+            self.log(f"dropped checkpoints of steps {', '.join(map(str, dropped))}: the run goes on from step {step}")
+        return dropped

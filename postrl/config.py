@@ -9,7 +9,8 @@ as `Literal[...]` types and `ranged(default, ge=..., gt=..., le=...)` (or `ALLOW
 checked as the tree is built (`from_dict`); `validate` holds only the checks that span fields.
 Values that name a registered thing (a domain, a loss, a schedule, ...) are checked by
 `postrl.names.check_names`: this module knows no registry and imports nothing of postrl but the
-errors and the monitors' settings. The resolved config is what a run saves as `config.yaml`.
+errors, the monitors' settings and the atomic writer (`files`). The resolved config is what a run
+saves as `config.yaml`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Literal
 import yaml
 
 from postrl.errors import ConfigError
+from postrl.files import write_atomic
 from postrl.monitor.settings import MonitorConfig  # import-free settings module, owned by monitor/
 
 # ---------------------------------------------------------------------------- allowed values
@@ -724,4 +726,6 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Written whole or not at all: `--resume` reads it back, and a half-written one would be neither
+    a run to resume nor an empty directory to start in."""
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -29,7 +29,7 @@ import torch
 from postrl.abilities import Closeable, Finite, Stateful, WithGold
 from postrl.algo.kl_control import FixedKL, make_kl_controller
 from postrl.builtin_models import load_model, resolve_model_path
-from postrl.checkpoint import CheckpointManager
+from postrl.checkpoint import Checkpoint, CheckpointManager
 from postrl.config import Config, generation_limits, save_config
 from postrl.curriculum.dynamic import FillResult
 from postrl.curriculum.sampler import TaskSampler
@@ -53,6 +53,7 @@ from postrl.monitor.step_metrics import StepTimes, step_metrics
 from postrl.names import check_names
 from postrl.records import Sample
 from postrl.rewards.checks.reward_check import check_gates
+from postrl.run_dir import make_run_dir
 from postrl.sampling.policy import Policy
 from postrl.seeding import seed_everything, set_threads
 from postrl.store.rollouts import RolloutStore
@@ -164,12 +165,14 @@ class Run:
             save_checkpoint(self, step, score)
 
     def act_on(self, alerts: list[Alert], step: int) -> tuple[int, bool]:
-        """Carry out the alerts' actions: roll back to the newest checkpoint (while rollbacks are
-        left and one exists), or stop with a checkpoint. Returns (next step, stopped)."""
+        """Carry out the alerts' actions: roll back to the checkpoint `rollback_target` picks (while
+        rollbacks are left and one exists), or stop with a checkpoint. Returns (next step, stopped)."""
         actions = {a.action for a in alerts}
         monitor = self.cfg.monitor
-        if "rollback" in actions and self.rollbacks < monitor.max_rollbacks and self.ckpt.steps():
-            return restore_checkpoint(self, lr_factor=monitor.rollback_lr_factor), False
+        rolls_back = "rollback" in actions and self.rollbacks < monitor.max_rollbacks
+        target = rollback_target(self.ckpt, alerts) if rolls_back else None  # None: none intact
+        if target is not None:
+            return restore_checkpoint(self, lr_factor=monitor.rollback_lr_factor, ckpt=target), False
         if actions & {"stop", "rollback"}:
             self.log(f"stopping at step {step}: alert {', '.join(a.name for a in alerts)}")
             save_checkpoint(self, step, None)
@@ -218,7 +221,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     model, tok = load_model(cfg.model.name, cfg.model.dtype, log=log)
     model = apply_lora(model, cfg.model.lora)  # unchanged unless model.lora.r > 0
     model = model.to(device)  # sampler, learner and reference share this device; tensors are made on it
-    run_dir = make_run_dir(cfg, resume)
+    run_dir = make_run_dir(cfg, resume, log)
     save_config(cfg, run_dir / "config.yaml")
     policy = Policy(model, tok, backend=cfg.rollout.backend)
     ref_model = make_reference(model) if cfg.rl.kl_coef > 0 else None  # LoRA: the base, adapters off
@@ -255,10 +258,12 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
 
 def open_outputs(run: Run, start_step: int) -> None:
     """(Re)open the append-only outputs so that nothing from step `start_step` on survives:
-    those steps are about to be produced again, exactly once."""
+    those steps are about to be produced again, exactly once. Checkpoints of later steps go too: after
+    a rollback to an earlier one they hold the abandoned branch, which a resume must never pick."""
     if run.sinks is not None:
         run.sinks.close()
     run.store.truncate_after(start_step - 1 if start_step > 0 else None)
+    run.ckpt.drop_after(start_step)
     run.sinks = make_sinks(run.dir, run.cfg.monitor.sinks, run_name=run.cfg.run.name, resume_step=start_step)
     run.alert_log = AlertLog(run.dir, resume_step=start_step)
 
@@ -321,11 +326,13 @@ def upgrade_checkpoint_state(state: dict, where) -> dict:
     return state
 
 
-def restore_checkpoint(run: Run, lr_factor: float = 1.0) -> int:
-    """Rollback: back to the newest intact checkpoint, with the learning rate scaled by lr_factor."""
-    latest = run.ckpt.latest_valid()
-    step = load_checkpoint_state(run, latest)
-    run.rollbacks += 1
+def restore_checkpoint(run: Run, lr_factor: float = 1.0, ckpt: Checkpoint | None = None) -> int:
+    """Rollback: back to `ckpt` (default: the newest intact checkpoint), with the learning rate scaled
+    by lr_factor. The rollbacks are counted by the run, not read back from the checkpoint: one written
+    before earlier rollbacks would forget them, and max_rollbacks would never be reached."""
+    rollbacks = run.rollbacks
+    step = load_checkpoint_state(run, ckpt or run.ckpt.latest_valid())
+    run.rollbacks = rollbacks + 1
     run.learner.scale_lr(lr_factor)
     open_outputs(run, step)
     run.log(f"rolled back to step {step}; learning rate x{lr_factor} (rollback {run.rollbacks})")
@@ -346,18 +353,13 @@ def set_steps_from_epochs(cfg: Config, domains: dict[str, Domain], log) -> None:
     log(f"train.epochs={cfg.train.epochs:g} over {rows} rows: {cfg.train.total_steps} steps")
 
 
-def make_run_dir(cfg: Config, resume: bool) -> Path:
-    from datetime import datetime
-
-    if resume:
-        path = Path(cfg.run.dir)
-        if not path.is_dir():
-            raise UserError(f"cannot resume: run directory {path} does not exist")
-        return path
-    path = Path(cfg.run.dir) if cfg.run.dir else Path("runs") / f"{cfg.run.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    path.mkdir(parents=True, exist_ok=True)
-    cfg.run.dir = str(path)  # the saved config names the directory it ran in
-    return path
+def rollback_target(ckpts: CheckpointManager, alerts: list[Alert]) -> Checkpoint | None:
+    """The checkpoint a rollback restores. An alert whose data names `rollback_step` (proxy_gold: the
+    step where gold peaked) asks for the weights that sampled that step, which checkpoint N holds
+    for step N: the nearest intact checkpoint at or before the earliest step named, or, none being
+    kept there, the nearest after it. Otherwise the newest intact checkpoint."""
+    named = [int(a.data["rollback_step"]) for a in alerts if a.action == "rollback" and "rollback_step" in a.data]
+    return ckpts.nearest_valid(min(named)) if named else ckpts.latest_valid()
 
 
 def save_model(policy: Policy, path: Path) -> None:

@@ -326,3 +326,55 @@ def test_monitor_settings_load_through_the_config_loader():
     assert build_monitors(cfg).monitors["kl_spike"].cfg.max_kl == 2.0
     with pytest.raises(ConfigError, match="monitor.kl_spike.max_k"):
         from_dict(MonitorConfig, {"kl_spike": {"max_k": 1}}, "monitor.")
+
+
+# ---------------------------------------------------------------------------- which checkpoint a rollback restores
+
+
+def _checkpoints(root, steps, keep_last=10):
+    from postrl.checkpoint import CheckpointManager
+
+    ckpts = CheckpointManager(root, keep_last=keep_last, log=lambda m: None)
+    for step in steps:
+        ckpts.save(step, {"step": step}, lambda d, s=step: (d.mkdir(), (d / "w.bin").write_bytes(bytes([s]))),
+                   score=float(step == 6))  # the best by eval: step 6
+    return ckpts
+
+
+def test_a_rollback_goes_to_the_kept_checkpoint_nearest_the_named_step_not_after_it(tmp_path):
+    from postrl.run import rollback_target
+
+    ckpts = _checkpoints(tmp_path, [2, 4, 6, 8])
+    named = lambda step, action="rollback": Alert(9, "proxy_gold", "m", action, {"rollback_step": float(step)})  # noqa: E731
+    assert rollback_target(ckpts, [named(5)]).step == 4  # at or before the peak, the nearest
+    assert rollback_target(ckpts, [named(4)]).step == 4  # checkpoint 4 holds the weights that sampled step 4
+    assert rollback_target(ckpts, [named(1)]).step == 2  # none kept at or before: the nearest after
+    assert rollback_target(ckpts, [named(7), named(3)]).step == 2  # two alerts: far enough back for both
+    assert rollback_target(ckpts, [Alert(9, "kl_spike", "m", "rollback")]).step == 8  # none named: the newest
+    assert rollback_target(ckpts, [named(3, "warn"), Alert(9, "kl_spike", "m", "rollback")]).step == 8
+    (ckpts.root / "step_00000004" / "model" / "w.bin").write_bytes(b"damaged")
+    assert rollback_target(ckpts, [named(5)]).step == 2  # a damaged one is skipped, still not after the peak
+    for step in (2, 6, 8):
+        (ckpts.root / f"step_{step:08d}" / "meta.json").unlink()
+    assert rollback_target(ckpts, [named(5)]) is None  # none intact: act_on stops the run instead
+
+
+def test_a_rollback_drops_the_checkpoints_of_the_abandoned_branch(tmp_path):
+    ckpts = _checkpoints(tmp_path, [2, 4, 6, 8])
+    assert ckpts.best()["step"] == 6 and (ckpts.root / "latest").read_text() == "step_00000008"
+    assert ckpts.drop_after(4) == [6, 8]
+    assert ckpts.steps() == [2, 4] and ckpts.latest_valid().step == 4  # a resume cannot pick up step 8
+    assert (ckpts.root / "latest").read_text() == "step_00000004"
+    assert ckpts.best() is None  # it named a dropped checkpoint
+    assert ckpts.drop_after(4) == [] and ckpts.steps() == [2, 4]
+
+
+def test_proxy_gold_asks_a_rollback_for_the_weights_of_its_gold_peak(make_sample):
+    from postrl.monitor.monitors import ProxyGold, ProxyGoldConfig
+
+    monitor = ProxyGold(ProxyGoldConfig(action="rollback", smooth_steps=1), None)
+    fired = []  # gold peaks at step 1, dips within min_gold_drop, then falls while the proxy climbs
+    for step, (proxy, gold) in enumerate([(0.1, 0.2), (0.2, 0.6), (0.3, 0.58), (0.5, 0.3)]):
+        fired += monitor.update(step, {}, [make_sample(reward=proxy, components={"rm": proxy, "gold": gold})] * 4)
+    (alert,) = fired
+    assert alert.step == 3 and alert.data["best_step"] == alert.data["rollback_step"] == 1.0

@@ -78,3 +78,71 @@ def test_corrupted_latest_checkpoint_is_skipped(reference, tiny_model_dir, tmp_p
     (newer / "meta.json").unlink()  # a crash before meta.json: incomplete, also skipped
     assert CheckpointManager(run_dir, log=warnings.append).latest_valid().step == good
     assert warnings[-1] == "warning: skipping checkpoint step_00000099: no meta.json (incomplete write)"
+
+
+def _train(run_dir, model_dir, *extra, crash_at=None):
+    return postrl(["train", "recipes/default.yaml", f"model.name={model_dir}", f"run.dir={run_dir}", *ARGS, *extra],
+                  crash_at=crash_at)
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_0(reference, tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, tiny_model_dir, crash_at="step.stored:1").returncode == -9  # step 0 stored, no checkpoint
+    assert (run_dir / "config.yaml").is_file() and CheckpointManager(run_dir).steps() == []
+    refused = _train(run_dir, tiny_model_dir)  # a new train into it is refused: it holds a run
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: run directory {run_dir} already holds a run (config.yaml); continue it with `postrl train "
+        f"--resume {run_dir}`, or start anew with run.overwrite=true (the old run is moved to {run_dir}.old-N, "
+        "not deleted)"]
+    resumed = postrl(["train", "--resume", str(run_dir)])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"no intact checkpoint in {run_dir}; starting from step 0" in resumed.stdout
+    assert rows_without_timings(run_dir) == rows_without_timings(reference)  # as if never killed
+    want, got = (load_file(d / "final" / "model.safetensors") for d in (reference, run_dir))
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_run_killed_at_its_first_write_leaves_no_run_behind(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    # config.yaml written to its temporary file and fsynced, killed before the rename
+    assert _train(run_dir, tiny_model_dir, "train.total_steps=1", crash_at="atomic.write:1").returncode == -9
+    assert [p.name for p in run_dir.iterdir()] == [p.name for p in run_dir.glob(".config.yaml.tmp*")] != []
+    resumed = postrl(["train", "--resume", str(run_dir)])
+    assert resumed.returncode == 2
+    assert resumed.stderr.strip().splitlines() == [
+        f"error: cannot resume {run_dir}: no config.yaml (is it a postrl run directory?)"]
+    fresh = _train(run_dir, tiny_model_dir, "train.total_steps=1")  # not a run: a new one starts there
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert (run_dir / "final" / "model.safetensors").is_file() and not (tmp_path / "run.old-1").exists()
+
+
+def test_a_run_killed_in_its_first_second_is_resumed_or_moved_aside(tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    cmd = ["train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={run_dir}", *ARGS,
+           "train.total_steps=1"]
+    proc = subprocess.Popen([sys.executable, "-m", "postrl", *cmd], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "POSTRL_CRASH_AT": ""})
+    deadline = time.monotonic() + 120
+    while not run_dir.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.05)  # the run's first writes: config.yaml, the store, the sinks
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -9 and run_dir.is_dir()
+
+    had_config = (run_dir / "config.yaml").is_file()
+    resumed = postrl(["train", "--resume", str(run_dir)])
+    if had_config:  # killed after its config: resumed from step 0 to the end
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert [r.step for r in read_rows(run_dir)] == [0] * 16
+    else:  # killed before: nothing to resume, one line
+        assert resumed.returncode == 2 and len(resumed.stderr.strip().splitlines()) == 1
+    fresh = postrl([*cmd, "run.overwrite=true"])
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert (run_dir / "final" / "model.safetensors").is_file()
+    old = tmp_path / "run.old-1"
+    assert old.is_dir() == had_config  # a run was moved aside, whole; a directory without one is reused
+    if had_config:
+        assert (old / "final" / "model.safetensors").is_file()

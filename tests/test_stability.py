@@ -81,3 +81,51 @@ def test_seesaw_stop_alert_from_an_eval_stops_the_run(tiny_model_dir, tmp_path, 
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert (run_dir / "checkpoints" / "step_00000002" / "meta.json").is_file()
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["step_1.json", "step_2.json"]  # no final eval
+
+
+PEAK_MONITOR = '''
+from dataclasses import dataclass
+from postrl.monitor.alerts import Alert
+from postrl.monitor.monitors import register_monitor
+
+@dataclass
+class Settings:
+    enabled: bool = True
+    action: str = "rollback"
+    fire_at: int = 3
+    peak: int = 1
+
+@register_monitor("peak_watch", settings=Settings)
+class PeakWatch:
+    """Fires at every pass through step `fire_at`, naming `peak` as the step to go back to."""
+    def __init__(self, cfg, ctx):
+        self.cfg, self.values = cfg, {}
+    def update(self, step, metrics, samples):
+        if step != self.cfg.fire_at:
+            return []
+        return [Alert(step, "peak_watch", "past the peak", self.cfg.action, {"rollback_step": float(self.cfg.peak)})]
+    def state_dict(self):
+        return {}
+    def load_state_dict(self, state):
+        pass
+'''
+
+
+def test_a_rollback_restores_the_checkpoint_nearest_the_step_the_alert_names(tiny_model_dir, tmp_path, capsys):
+    (tmp_path / "peak_watch.py").write_text(PEAK_MONITOR)
+    run_dir = tmp_path / "run"
+    # checkpoints 1..4 exist when it fires in step 3: the newest (4) is after the peak, 1 is at it
+    assert main([*_args(tiny_model_dir, run_dir, "train.total_steps=5", "checkpoint.every_steps=1",
+                        "checkpoint.keep_last=10", "monitor.max_rollbacks=2"),
+                 "--import", str(tmp_path / "peak_watch.py")]) == 0
+    out = capsys.readouterr().out
+    assert "dropped checkpoints of steps 2, 3, 4: the run goes on from step 1" in out  # the abandoned branch
+    assert "rolled back to step 1; learning rate x0.5 (rollback 1)" in out
+    # the monitor fires again on the next pass: counted by the run, not read back from checkpoint 1
+    # (which was written before any rollback), so the third time it stops instead of looping
+    assert "rolled back to step 1; learning rate x0.5 (rollback 2)" in out
+    assert "stopping at step 4: alert peak_watch" in out
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]  # each step once: the rolled-back ones were truncated and run again
+    lrs = [json.loads(x)["lr"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[-1] == pytest.approx(0.5e-4)  # x0.5 of checkpoint 1's

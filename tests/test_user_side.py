@@ -234,6 +234,29 @@ def test_datasets_in_memory_are_written_beside_the_run(tmp_path):
     assert cfg.domains["extra"].type == "dataset" and cfg.domains["extra"].params["path"] == str(tmp_path / "x.jsonl")
 
 
+
+def test_python_train_into_a_run_refuses_before_writing_and_overwrite_moves_it_with_its_rows(tmp_path):
+    from postrl.api import attach_datasets
+
+    run_dir = tmp_path / "run"
+    (run_dir / "data").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("seed: 0\n")  # a run that was trained on these rows
+    (run_dir / "data" / "arith.jsonl").write_text('{"q": "2+2=", "a": 4}\n')
+    before = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match="already holds a run") as e:
+        postrl.train(RECIPE, overrides=[f"run.dir={run_dir}"], datasets={"arith": [{"q": "1+1=", "a": 2}]}, log=QUIET)
+    assert "\n" not in str(e.value) and "run.overwrite=true" in str(e.value)
+    assert {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # its rows untouched
+
+    moved = []
+    cfg = load_config(RECIPE, [f"run.dir={run_dir}", "run.overwrite=true"])
+    attach_datasets(cfg, {"arith": [{"q": "1+1=", "a": 2}]}, log=moved.append)
+    assert moved == [f"run.overwrite: the run that was in {run_dir} is now in {tmp_path / 'run.old-1'}"]
+    old = tmp_path / "run.old-1"
+    assert {p.name: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before  # moved whole, rows and all
+    assert [json.loads(x) for x in (run_dir / "data" / "arith.jsonl").read_text().splitlines()] == [{"q": "1+1=", "a": 2}]
+    assert [p.name for p in run_dir.iterdir()] == ["data"]  # the new run's rows, no stray temporary file
+
 # ---- extensions ----------------------------------------------------------------------------------
 
 PLUGIN = '''

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="RL post-training from a recipe", description=__doc__)
@@ -17,6 +19,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from postrl.extensions import load_recipe
     from postrl.loop import resume_config, train
+    from postrl.run_dir import check_run_dir
 
     recipe, overrides = args.recipe, list(args.overrides)
     if recipe is not None and "=" in recipe and not recipe.endswith((".yaml", ".yml")):
@@ -26,5 +29,8 @@ def run(args) -> int:
             overrides = [recipe, *overrides]
         train(resume_config(args.resume, overrides, args.imports), resume=True)
     else:
-        train(load_recipe(recipe, overrides, args.imports))
+        cfg = load_recipe(recipe, overrides, args.imports)
+        if cfg.run.dir:  # a run there: refused at once, not after the model has loaded
+            check_run_dir(Path(cfg.run.dir), cfg.run.overwrite)
+        train(cfg)
     return 0

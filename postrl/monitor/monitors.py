@@ -511,7 +511,8 @@ class ProxyGold:
     gold score, smoothed over `smooth_steps`. It fires when smoothed gold is below its best by more
     than `min_gold_drop` and by more than `noise_z` standard errors (each step mean's error from the
     spread of its samples' gold), while smoothed proxy stands above its value at gold's best. The
-    alert's data names the step where smoothed gold peaked (`best_step`): the state to go back to."""
+    alert's data names the step where smoothed gold peaked (`best_step`), and asks a rollback for the
+    weights that sampled it (`rollback_step`: see `postrl.run.rollback_target`)."""
 
     def __init__(self, cfg: ProxyGoldConfig, ctx: MonitorContext):
         self.cfg = cfg
@@ -544,8 +545,9 @@ class ProxyGold:
             return []
         msg = (f"gold fell {drop:.3f} below its best (step {self.best[3]}, needs > {needed:.3f}) while the proxy "
                f"rose {rise:+.3f} ({k}-step means): the reward is being over-optimised")
+        peak = float(self.best[3])  # a rollback restores the weights that sampled this step (`rollback_step`)
         return [Alert(step, self.name, msg, self.cfg.action,
-                      {"gold_drop": drop, "proxy_rise": rise, "best_step": float(self.best[3])})]
+                      {"gold_drop": drop, "proxy_rise": rise, "best_step": peak, "rollback_step": peak})]
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": [list(h) for h in self.history], "best": self.best, "trigger": self.trigger.state_dict()}

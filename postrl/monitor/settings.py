@@ -231,7 +231,8 @@ class MonitorConfig:
     spot_check_k: int = 3
     """Samples of each kind (highest, lowest, random) per spot check."""
     rollback_lr_factor: float = 0.5
-    """On a `rollback` alert the learning rate is multiplied by this after restoring the last checkpoint."""
+    """On a `rollback` alert the learning rate is multiplied by this after restoring a checkpoint (the
+    newest, or the one nearest the step the alert names: `postrl.run.rollback_target`)."""
     max_rollbacks: int = 2
     """Rollbacks allowed in one run; past this a rollback alert stops the run instead."""
     entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)

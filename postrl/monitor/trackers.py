@@ -41,6 +41,7 @@ from pathlib import Path
 import yaml
 
 from postrl.errors import UserError
+from postrl.files import write_atomic
 
 IDS_FILE = "tracking.json"
 """{tracker: {"run_id": ..., ...}} of the tracker runs this run directory logs to."""
@@ -75,9 +76,7 @@ def save_ids(run_dir: Path, tracker: str, info: dict) -> None:
     """Merge `info` into the tracker's entry of tracking.json, atomically."""
     data = read_ids(run_dir)
     data[tracker] = {**data.get(tracker, {}), **info}
-    tmp = run_dir / f".{IDS_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, run_dir / IDS_FILE)
+    write_atomic(run_dir / IDS_FILE, json.dumps(data, indent=1))  # read back by --resume
 
 
 def resolved_config(run_dir: Path) -> dict:

@@ -1,0 +1,92 @@
+"""Why the proxy_gold monitor's lag behind the gold peak is not one number: a Monte Carlo in seconds.
+
+    nice .venv/bin/python benchmarks/proxy_gold_lag.py [--seeds 100] [--settings '{"noise_z": 3}']
+
+`benchmarks/rm_overoptimization.py` measures, on one RL trajectory, the step where the monitor fires
+minus the step where held-out gold peaked. Another machine's floats (other matmul kernels) flip a
+sampled token now and then, and from there the trajectory is another draw, as another seed is.
+This script draws many of them from a model of that benchmark's curves, with the monitor itself:
+
+- gold rises 0.27 -> 0.46 over steps 0..4, then falls `slope` a step (0.03, 0.05, 0.08);
+- each step the monitor sees 128 samples' gold (`--samples-per-step`) (0 or 1, drawn at that step's gold) and a rising
+  proxy; held-out gold is 256 samples a step, its peak the benchmark's (3-step trailing mean);
+- prints, per slope, the lag's mean, spread and share above 3 steps, where the held-out peak
+  landed, and the share of 100-step runs of flat gold (proxy jittering) on which it fired at all.
+
+The monitor's lag is about one step of smoothing plus the time gold takes to fall `noise_z`
+standard errors (4 x ~0.033) below its best, with both the firing step and the reference peak
+moving by a step or two with sampling noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from types import SimpleNamespace
+
+from postrl.monitor.monitors import ProxyGold, ProxyGoldConfig
+
+PEAK_STEP, BASE, PEAK = 4, 0.27, 0.46
+
+
+def gold_at(step: int, slope: float) -> float:
+    if step <= PEAK_STEP:
+        return BASE + (PEAK - BASE) * step / PEAK_STEP
+    return max(0.0, PEAK - slope * (step - PEAK_STEP))
+
+
+def step_samples(rng: random.Random, proxy: float, gold: float, n: int) -> list:
+    return [SimpleNamespace(score=SimpleNamespace(reward=proxy, components={"gold": float(rng.random() < gold)}))
+            for _ in range(n)]
+
+
+def trailing_peak(values: list[float], k: int = 3) -> int:
+    """The benchmark's peak: the step ending the highest k-step trailing mean."""
+    return max(range(k - 1, len(values)), key=lambda s: sum(values[s - k + 1 : s + 1]))
+
+
+def one_run(seed: int, slope: float, settings: dict, per_step: int = 128, steps: int = 20) -> tuple[int, int | None]:
+    """(held-out peak step, step the monitor fired or None) of one simulated run."""
+    rng = random.Random(seed)
+    monitor = ProxyGold(ProxyGoldConfig(**settings), None)
+    held, fired = [], None
+    for step in range(steps):
+        gold = gold_at(step, slope)
+        held.append(sum(rng.random() < gold for _ in range(256)) / 256)
+        if monitor.update(step, {}, step_samples(rng, 0.3 + 0.03 * step, gold, per_step)) and fired is None:
+            fired = step
+    return trailing_peak(held), fired
+
+
+def false_alarm_share(settings: dict, runs: int, per_step: int = 128, steps: int = 100) -> float:
+    fired = 0
+    for seed in range(runs):
+        rng = random.Random(10_000 + seed)
+        monitor = ProxyGold(ProxyGoldConfig(**settings), None)
+        fired += any(monitor.update(s, {}, step_samples(rng, 0.5 + rng.uniform(-0.1, 0.1), 0.45, per_step))
+                     for s in range(steps))
+    return fired / runs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=100)
+    p.add_argument("--samples-per-step", type=int, default=128, help="gold-scored samples the monitor sees a step")
+    p.add_argument("--settings", default="{}", help="ProxyGoldConfig fields as JSON, e.g. '{\"noise_z\": 3}'")
+    args = p.parse_args()
+    settings = json.loads(args.settings)
+    print(f"proxy_gold settings: {ProxyGoldConfig(**settings)}")
+    for slope in (0.03, 0.05, 0.08):
+        runs = [one_run(seed, slope, settings, args.samples_per_step) for seed in range(args.seeds)]
+        lags = [fired - peak for peak, fired in runs if fired is not None]
+        peaks = sorted({peak for peak, _ in runs})
+        print(f"gold falling {slope:.2f}/step: lag mean {sum(lags) / max(len(lags), 1):.1f}, "
+              f"range {min(lags, default=None)}..{max(lags, default=None)}, "
+              f"above 3 in {sum(lag > 3 for lag in lags) / max(len(lags), 1):.0%}, never fired "
+              f"{args.seeds - len(lags)}; held-out peak found at steps {peaks[0]}..{peaks[-1]}")
+    print(f"fired on flat gold (100 steps, proxy jittering): {false_alarm_share(settings, args.seeds // 2, args.samples_per_step):.0%} of runs")
+
+
+if __name__ == "__main__":
+    main()
