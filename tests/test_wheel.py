@@ -21,11 +21,15 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import zipfile
 from pathlib import Path
 
 from packaging.requirements import Requirement
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10, where pytest brings tomli
+    import tomli as tomllib
 
 import postrl
 
