@@ -82,6 +82,42 @@ def pytest_unconfigure(config):
         shutil.rmtree(_session["scratch"], ignore_errors=True)
 
 
+RAY_FILES = ("test_ray.py", "test_ray_fleet.py")  # each starts a Ray cluster of its own
+# the files that take longest (minutes, most of it in a few tests), handed out first so that no
+# worker starts one when the other is nearly done
+SLOW_FILES = (*RAY_FILES, "test_processes.py", "test_docs.py", "test_learners.py", "test_resume.py",
+              "test_async.py", "test_wheel.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs the suite on two pytest-xdist workers with `--dist loadfile`: a file's tests
+    run together on one worker, so each module fixture (a Ray cluster, a shared uninterrupted run)
+    is still made once. On top of that the files that start a Ray cluster go to one worker, one
+    after the other as without xdist: two clusters at once would each count the machine's CPUs.
+    Files are handed out in collection order, which puts the slow ones first on the workers
+    (`pytest_collection_modifyitems`)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # instead of the files with most tests first
+
+    class LoadFileRayTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "the Ray files" if Path(path).name in RAY_FILES else path
+
+    return LoadFileRayTogether(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker: the slow files first, each file's tests in their order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        first = {name: i for i, name in enumerate(SLOW_FILES)}
+        items.sort(key=lambda item: first.get(item.path.name, len(first)))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def writes_stay_in_tmp():
     """The session's scratch directory; after the last test, fails if the suite wrote into the
