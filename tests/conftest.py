@@ -32,6 +32,7 @@ SCRATCH_ENV = {  # variable -> directory under the session's scratch dir
     "RAY_TMPDIR": "ray",  # short on purpose: Ray's socket paths must stay under 107 bytes
     "WANDB_DIR": "wandb",
 }
+USER_CACHE_ENV = "POSTRL_TESTS_USER_CACHE"
 _session: dict = {}
 
 
@@ -47,8 +48,11 @@ def _listing(path: Path) -> dict[str, tuple[int, int] | None] | None:
 def _guarded() -> list[Path]:
     """Directories the suite must leave untouched: the checkout's runs/ and the real model cache."""
     caches = {Path.home() / ".cache" / "postrl"}
-    if os.environ.get("POSTRL_CACHE"):  # read before it is redirected: the user's own cache
-        caches.add(Path(os.environ["POSTRL_CACHE"]))
+    # read before it is redirected: the user's own cache (which an xdist worker, started with the
+    # controller's redirected variables, finds in USER_CACHE_ENV)
+    user = os.environ.get(USER_CACHE_ENV, os.environ.get("POSTRL_CACHE"))
+    if user:
+        caches.add(Path(user))
     return [REPO / "runs", *sorted(caches)]
 
 
@@ -57,6 +61,8 @@ def pytest_configure(config):
     # which collecting the test modules already does
     scratch = Path(tempfile.mkdtemp(prefix="postrl-tests-"))
     _session.update(scratch=scratch, before={path: _listing(path) for path in _guarded()}, env={})
+    _session["env"][USER_CACHE_ENV] = os.environ.get(USER_CACHE_ENV)
+    os.environ[USER_CACHE_ENV] = os.environ.get(USER_CACHE_ENV, os.environ.get("POSTRL_CACHE", ""))
     for name, sub in SCRATCH_ENV.items():
         _session["env"][name] = os.environ.get(name)
         os.environ[name] = str(scratch / sub)
