@@ -15,7 +15,7 @@ from test_async import rows, run_train, same_weights, weights
 from postrl.engines import processes
 
 ONE_THREAD = ["run.threads=1", "pipeline.sampler_threads=1"]  # equal numerics need equal thread counts
-# the killed sampler's run and the killed trainer's, and the uninterrupted run both compare to
+# the uninterrupted run (`whole`) and the two runs, killed in part, that must end as it does
 ON_ONE_SAMPLER = ["train.total_steps=4", "checkpoint.every_steps=2", "pipeline.max_staleness=1",
                   "pipeline.samplers=1", *ONE_THREAD]
 
