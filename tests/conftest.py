@@ -32,6 +32,7 @@ SCRATCH_ENV = {  # variable -> directory under the session's scratch dir
     "RAY_TMPDIR": "ray",  # short on purpose: Ray's socket paths must stay under 107 bytes
     "WANDB_DIR": "wandb",
 }
+USER_CACHE_ENV = "POSTRL_TESTS_USER_CACHE"
 _session: dict = {}
 
 
@@ -47,8 +48,11 @@ def _listing(path: Path) -> dict[str, tuple[int, int] | None] | None:
 def _guarded() -> list[Path]:
     """Directories the suite must leave untouched: the checkout's runs/ and the real model cache."""
     caches = {Path.home() / ".cache" / "postrl"}
-    if os.environ.get("POSTRL_CACHE"):  # read before it is redirected: the user's own cache
-        caches.add(Path(os.environ["POSTRL_CACHE"]))
+    # read before it is redirected: the user's own cache (which an xdist worker, started with the
+    # controller's redirected variables, finds in USER_CACHE_ENV)
+    user = os.environ.get(USER_CACHE_ENV, os.environ.get("POSTRL_CACHE"))
+    if user:
+        caches.add(Path(user))
     return [REPO / "runs", *sorted(caches)]
 
 
@@ -57,6 +61,8 @@ def pytest_configure(config):
     # which collecting the test modules already does
     scratch = Path(tempfile.mkdtemp(prefix="postrl-tests-"))
     _session.update(scratch=scratch, before={path: _listing(path) for path in _guarded()}, env={})
+    _session["env"][USER_CACHE_ENV] = os.environ.get(USER_CACHE_ENV)
+    os.environ[USER_CACHE_ENV] = os.environ.get(USER_CACHE_ENV, os.environ.get("POSTRL_CACHE", ""))
     for name, sub in SCRATCH_ENV.items():
         _session["env"][name] = os.environ.get(name)
         os.environ[name] = str(scratch / sub)
@@ -80,6 +86,42 @@ def pytest_unconfigure(config):
             os.environ[name] = value
     if "scratch" in _session:
         shutil.rmtree(_session["scratch"], ignore_errors=True)
+
+
+RAY_FILES = ("test_ray.py", "test_ray_fleet.py")  # each starts a Ray cluster of its own
+# the files that take longest (minutes, most of it in a few tests), handed out first so that no
+# worker starts one when the other is nearly done
+SLOW_FILES = (*RAY_FILES, "test_processes.py", "test_docs.py", "test_learners.py", "test_resume.py",
+              "test_async.py", "test_wheel.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs the suite on two pytest-xdist workers with `--dist loadfile`: a file's tests
+    run together on one worker, so each module fixture (a Ray cluster, a shared uninterrupted run)
+    is still made once. On top of that the files that start a Ray cluster go to one worker, one
+    after the other as without xdist: two clusters at once would each count the machine's CPUs.
+    Files are handed out in collection order, which puts the slow ones first on the workers
+    (`pytest_collection_modifyitems`)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # instead of the files with most tests first
+
+    class LoadFileRayTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "the Ray files" if Path(path).name in RAY_FILES else path
+
+    return LoadFileRayTogether(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker: the slow files first, each file's tests in their order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        first = {name: i for i, name in enumerate(SLOW_FILES)}
+        items.sort(key=lambda item: first.get(item.path.name, len(first)))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,10 +15,20 @@ from test_async import rows, run_train, same_weights, weights
 from postrl.engines import processes
 
 ONE_THREAD = ["run.threads=1", "pipeline.sampler_threads=1"]  # equal numerics need equal thread counts
+# the uninterrupted run (`whole`) and the two runs, killed in part, that must end as it does
+ON_ONE_SAMPLER = ["train.total_steps=4", "checkpoint.every_steps=2", "pipeline.max_staleness=1",
+                  "pipeline.samplers=1", *ONE_THREAD]
 
 
 def metrics(run_dir):
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def whole(tiny_model_dir, tmp_path_factory):
+    """The uninterrupted run on one sampler process, made once for the two tests that kill part of
+    one: a sampler process, and the trainer itself."""
+    return run_train(tiny_model_dir, tmp_path_factory.mktemp("processes") / "whole", *ON_ONE_SAMPLER)
 
 
 @pytest.mark.parametrize("extra", [
@@ -46,7 +56,7 @@ def test_sampler_processes_at_staleness_2_are_reproducible_and_equal_the_threade
     assert [m["staleness/max"] for m in metrics(first)] == [0, 1, 2, 2]
 
 
-def test_a_killed_sampler_process_loses_no_sample(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_killed_sampler_process_loses_no_sample(tiny_model_dir, tmp_path, monkeypatch, whole):
     start, killed = processes.ProcessEngine._start, []
 
     def start_then_kill(self, order):  # sampler 0 dies with step 1's order (and its weights) sent to it
@@ -57,7 +67,6 @@ def test_a_killed_sampler_process_loses_no_sample(tiny_model_dir, tmp_path, monk
         return key
 
     monkeypatch.setattr(processes.ProcessEngine, "_start", start_then_kill)
-    extra = ["train.total_steps=3", "pipeline.max_staleness=1", *ONE_THREAD]
     logs = []
     from test_async import ARGS
 
@@ -65,38 +74,31 @@ def test_a_killed_sampler_process_loses_no_sample(tiny_model_dir, tmp_path, monk
     from postrl.loop import train
 
     cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'killed'}",
-                                               *ARGS, "pipeline.samplers=1", *extra])
+                                               *ARGS, *ON_ONE_SAMPLER])
     run_dir = train(cfg, log=logs.append)
     assert killed and any("sampler process 0 died" in line and "sent again" in line for line in map(str, logs))
     assert metrics(run_dir)[-1]["engine/restarts"] == 1
-    monkeypatch.undo()
-    whole = run_train(tiny_model_dir, tmp_path / "whole", "pipeline.samplers=1", *extra)
     got = rows(run_dir)
-    assert len({(r["step"], r["sample"]) for r in got}) == len(got) == 3 * 16  # none lost, none twice
+    assert len({(r["step"], r["sample"]) for r in got}) == len(got) == 4 * 16  # none lost, none twice
     assert got == rows(whole) and same_weights(weights(run_dir), weights(whole))
 
 
-def test_a_killed_multi_process_run_resumes_bitwise(tiny_model_dir, tmp_path):
+def test_a_killed_multi_process_run_resumes_bitwise(tiny_model_dir, tmp_path, whole):
     """The trainer is SIGKILLed after its step-2 checkpoint with step 3's order in flight on a
-    sampler process; the resumed run ends as the uninterrupted one, and the orphaned sampler exits."""
+    sampler process; the resumed run ends as the uninterrupted one (trained in this process, with
+    the same one thread), and the orphaned sampler exits."""
     from test_async import ARGS
 
-    def postrl(run_dir, *extra, crash_at=""):
-        args = ["train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={run_dir}", *ARGS,
-                "train.total_steps=4", "checkpoint.every_steps=2", "pipeline.max_staleness=1",
-                "pipeline.samplers=1", *ONE_THREAD, *extra]
-        env = {**os.environ, "POSTRL_CRASH_AT": crash_at}
-        return subprocess.run([sys.executable, "-m", "postrl", *args], env=env, capture_output=True, text=True)
-
-    whole = postrl(tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-2000:]
-    cut = postrl(tmp_path / "cut", crash_at="step.stored:3")
+    args = ["train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'cut'}", *ARGS,
+            *ON_ONE_SAMPLER]
+    cut = subprocess.run([sys.executable, "-m", "postrl", *args], env={**os.environ, "POSTRL_CRASH_AT": "step.stored:3"},
+                         capture_output=True, text=True)
     assert cut.returncode == -9
     resumed = subprocess.run([sys.executable, "-m", "postrl", "train", "--resume", str(tmp_path / "cut")],
                              capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert same_weights(weights(tmp_path / "whole"), weights(tmp_path / "cut"))
-    assert rows(tmp_path / "whole") == rows(tmp_path / "cut")
+    assert same_weights(weights(whole), weights(tmp_path / "cut"))
+    assert rows(whole) == rows(tmp_path / "cut")
 
 
 def test_samplers_are_refused_on_the_ray_engine():

@@ -33,20 +33,32 @@ def cluster():
     ray.shutdown()
 
 
+WHOLE = ["engine=ray", "train.total_steps=4", "checkpoint.every_steps=2"]  # with ARGS: max_staleness 1
+
+
 def run_train(model_dir, run_dir, *extra, log=lambda *a: None):
     cfg = load_config("recipes/default.yaml", [f"model.name={model_dir}", f"run.dir={run_dir}", *ARGS, *extra])
     return train(cfg, log=log)
 
 
-def test_two_step_ray_run_completes_with_finite_metrics(tiny_model_dir, tmp_path):
-    run_dir = run_train(tiny_model_dir, tmp_path / "run", "engine=ray", "train.total_steps=2")
+@pytest.fixture(scope="module")
+def whole(cluster, tiny_model_dir, tmp_path_factory):
+    """An uninterrupted 4-step Ray run at staleness 1 with a checkpoint at step 2, made once: the
+    run whose metrics are checked below, and the one the killed async run must end as; with the
+    torch threads it was trained with."""
+    run_dir = run_train(tiny_model_dir, tmp_path_factory.mktemp("ray") / "whole", *WHOLE)
+    return run_dir, torch.get_num_threads()
+
+
+def test_a_ray_run_completes_with_finite_metrics(tiny_model_dir, whole):
+    run_dir, _ = whole
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [0, 1]
+    assert [m["step"] for m in lines] == [0, 1, 2, 3]
     for m in lines:
         for key in ("reward/mean", "pass_rate", "loss", "entropy", "grad_norm", "staleness/mean", "time/sample_s"):
             assert math.isfinite(m[key]), key
         assert m["engine/restarts"] == 0
-    assert [m["staleness/max"] for m in lines] == [0, 1]
+    assert [m["staleness/max"] for m in lines] == [0, 1, 1, 1]  # each batch from the weights of a step before
     before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(run_dir / "final" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -208,14 +220,14 @@ def test_a_ray_run_resumes_bitwise(tiny_model_dir, tmp_path):
     assert sorted({r["step"] for r in rows}) == [0, 1, 2, 3]
 
 
-def test_a_killed_async_ray_run_resumes_bitwise(tiny_model_dir, tmp_path):
+def test_a_killed_async_ray_run_resumes_bitwise(tiny_model_dir, tmp_path, whole):
     """An asynchronous Ray-engine run (staleness 1) SIGKILLed after its step-2 checkpoint, with
     step 3's order in flight on the rollout actor, and resumed with `postrl train --resume`, ends
-    with the weights and rollouts of the same run trained here without a break. The killed and
-    resumed drivers are `postrl train` processes with this process's torch threads that join this
-    module's cluster through `ray.address` (a driver that started its own Ray and was killed would
-    leave Ray processes behind); the killed one's actors die with it, and every CPU of the cluster
-    is free again at the end."""
+    with the weights and rollouts of the same run trained here without a break (the module's
+    `whole`). The killed and resumed drivers are `postrl train` processes with the torch threads
+    `whole` was trained with that join this module's cluster through `ray.address` (a driver that
+    started its own Ray and was killed would leave Ray processes behind); the killed one's actors
+    die with it, and every CPU of the cluster is free again at the end."""
     import os
     import subprocess
     import sys
@@ -224,10 +236,9 @@ def test_a_killed_async_ray_run_resumes_bitwise(tiny_model_dir, tmp_path):
         env = {**os.environ, "POSTRL_CRASH_AT": crash_at}  # with the cluster's RAY_AUTH_TOKEN and RAY_AUTH_MODE
         return subprocess.run([sys.executable, "-m", "postrl", "train", *args], env=env, capture_output=True, text=True)
 
-    extra = ["engine=ray", "train.total_steps=4", "checkpoint.every_steps=2"]  # ARGS: max_staleness 1
-    whole = run_train(tiny_model_dir, tmp_path / "whole", *extra)
-    address, threads = ray.get_runtime_context().gcs_address, torch.get_num_threads()
-    cut = postrl("recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'cut'}", *ARGS, *extra,
+    whole, threads = whole
+    address = ray.get_runtime_context().gcs_address
+    cut = postrl("recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'cut'}", *ARGS, *WHOLE,
                  f"ray.address={address}", f"run.threads={threads}", crash_at="step.stored:3")  # step 2 stored
     assert cut.returncode == -9, cut.stderr[-2000:]
     state = torch.load(tmp_path / "cut" / "checkpoints" / "step_00000002" / "state.pt", weights_only=False)
