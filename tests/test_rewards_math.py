@@ -148,5 +148,5 @@ def test_many_completions_sharing_few_answers_keep_their_verdicts(verifier):
 
 def test_verifier_asks_its_workers_for_the_parse_cache():
     v = MathVerifier(workers=1, parse_cache=123)
-    assert v._pool._spec["options"] == {"parse_cache": 123}
+    assert v._pool._spec.options == {"parse_cache": 123}
     v.close()
