@@ -41,18 +41,24 @@ def test_registries_know_their_names():
     assert str(e.value) == "config key 'rl.advantage' = 'nope': unknown advantage estimator (expected one of: grpo, rloo)"
 
 
+def test_an_aggregation_cannot_be_registered_without_its_micro_batch_rule():
+    with pytest.raises(TypeError):
+        LOSS_AGGREGATIONS.register("token-sum")(lambda values, mask: (values * mask).sum())
+    assert "token-sum" not in LOSS_AGGREGATIONS.names()
+
+
 @pytest.mark.parametrize("name", LOSS_AGGREGATIONS.names())
 def test_each_aggregations_micro_batch_rule_splits_it_over_parts(name):
     """The rule registered with an aggregation: its parts' aggregates, weighted by `share`, add up
     to the whole minibatch's (what gradient accumulation relies on)."""
-    agg = LOSS_AGGREGATIONS.get(name)
+    reduce, share = LOSS_AGGREGATIONS.get(name), LOSS_AGGREGATIONS.facts(name).share
     values = torch.arange(12.0).view(3, 4)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])  # 3 + 1 + 4 tokens
     parts = [slice(0, 1), slice(1, 3)]
-    total = sum(agg.share(mask[p], mask) * agg.reduce(values[p], mask[p]) for p in parts)
-    assert float(total) == pytest.approx(float(agg.reduce(values, mask)), rel=1e-6)
-    assert sum(agg.share(mask[p], mask) for p in parts) == pytest.approx(1.0)
-    assert float(aggregate(values, mask, name)) == float(agg.reduce(values, mask))
+    total = sum(share(mask[p], mask) * reduce(values[p], mask[p]) for p in parts)
+    assert float(total) == pytest.approx(float(reduce(values, mask)), rel=1e-6)
+    assert sum(share(mask[p], mask) for p in parts) == pytest.approx(1.0)
+    assert float(aggregate(values, mask, name)) == float(reduce(values, mask))
 
 
 def _ppo_case():

@@ -311,7 +311,7 @@ def test_micro_batching_gives_the_same_gradient_as_the_whole_minibatch(tiny_gguf
 
 def test_micro_batch_weights_are_token_and_sequence_shares():
     mb = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)  # 3 + 1 + 4 tokens
-    token, seq = LOSS_AGGREGATIONS.get("token-mean").share, LOSS_AGGREGATIONS.get("seq-mean-token-mean").share
+    token, seq = (LOSS_AGGREGATIONS.facts(name).share for name in ("token-mean", "seq-mean-token-mean"))
     assert token(mb[:2], mb) == 0.5  # 4 of 8 tokens
     assert token(mb[2:], mb) == 0.5
     assert seq(mb[:2], mb) == 2 / 3  # 2 of 3 completions

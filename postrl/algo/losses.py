@@ -17,37 +17,27 @@ LOSSES = Registry("policy loss", key="rl.loss")
 register_loss = LOSSES.register
 KL_ESTIMATORS = Registry("KL estimator", key="rl.kl_estimator")
 """Name -> per-token estimate of KL(policy || reference) from log r = ref_logp - logp, [B, T] -> [B, T]."""
-LOSS_AGGREGATIONS = Registry("loss aggregation", key="rl.loss_agg")
-"""Name -> `Aggregation`: the reduction of per-token values [B, T] over the masked tokens to a
-scalar, with its micro-batch weight rule. Entries are added by `register_aggregation`, which
-takes both, so an aggregation without a weight rule cannot be registered."""
 
 
 @dataclass(frozen=True)
-class Aggregation:
-    """A loss aggregation and the rule that splits it over parts of a minibatch."""
+class AggregationFacts:
+    """What a loss aggregation registers beside its reduction: the rule that splits it over parts
+    of a minibatch. It has no default, so an aggregation without a rule cannot be registered."""
 
-    reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    """(values [B, T], mask [B, T]) -> scalar over the masked tokens."""
     share: Callable[[torch.Tensor, torch.Tensor], float]
     """(a part's mask [b, T], its minibatch's mask [B, T]) -> the weight of the part's aggregate in
     the minibatch's: gradient accumulation over micro-batches (and data-parallel ranks) sums the
     parts' losses times these weights, which gives the minibatch's loss."""
 
 
-def register_aggregation(name: str, share: Callable[[torch.Tensor, torch.Tensor], float]):
-    """Decorator: `@register_aggregation("name", share=rule)` registers the decorated reduction."""
-
-    def deco(reduce):
-        LOSS_AGGREGATIONS.add(name, Aggregation(reduce, share))
-        return reduce
-
-    return deco
+LOSS_AGGREGATIONS = Registry("loss aggregation", key="rl.loss_agg", facts=AggregationFacts)
+"""Name -> reduction of per-token values [B, T] over the masked tokens to a scalar; its facts
+(`LOSS_AGGREGATIONS.facts(name).share`) hold its micro-batch weight rule."""
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     """Reduce [B, T] to a scalar over masked tokens with the aggregation named `mode`."""
-    return LOSS_AGGREGATIONS.get(mode).reduce(values, mask)
+    return LOSS_AGGREGATIONS.get(mode)(values, mask)
 
 
 def token_share(part_mask: torch.Tensor, mask: torch.Tensor) -> float:
@@ -61,14 +51,14 @@ def sequence_share(part_mask: torch.Tensor, mask: torch.Tensor) -> float:
     return part_mask.shape[0] / mask.shape[0]
 
 
-@register_aggregation("token-mean", share=token_share)
+@LOSS_AGGREGATIONS.register("token-mean", share=token_share)
 def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Every token in the batch weighs the same, so long completions count in proportion to their
     length (DAPO's choice; avoids GRPO's bias toward short correct / long wrong answers)."""
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-@register_aggregation("seq-mean-token-mean", share=sequence_share)
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean", share=sequence_share)
 def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Average within each completion, then across completions (original GRPO)."""
     per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]

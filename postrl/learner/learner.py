@@ -86,8 +86,8 @@ class Learner:
                 policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.forward_model = _ModuleForward(policy.model)
         self.loss_fn = LOSSES.get(rl.loss)
-        self.aggregation = LOSS_AGGREGATIONS.get(rl.loss_agg)
-        """`rl.loss_agg`: its micro-batch weight rule (`Aggregation.share`) weights accumulated gradients."""
+        self.share = LOSS_AGGREGATIONS.facts(rl.loss_agg, key="rl.loss_agg").share
+        """`rl.loss_agg`'s micro-batch weight rule (`AggregationFacts.share`): weights accumulated gradients."""
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.opt = make_optimizer(params, lr=train.lr, weight_decay=train.weight_decay)  # bf16: fp32 masters
         warmup = max(1, train.warmup_steps)
@@ -250,7 +250,7 @@ class Learner:
         denominator, so the summed gradient is the minibatch's."""
         rows, kl_max = mb if self.ranks is None else self.ranks.share(mb), 0.0
         for micro in self._micro_batches(rows, batch.attention_mask) if len(rows) else []:
-            weight = self.aggregation.share(batch.loss_mask[micro], batch.loss_mask[mb])
+            weight = self.share(batch.loss_mask[micro], batch.loss_mask[mb])
             loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy)
             (weight * loss).backward()
             for key in ("loss", "pg", "kl", "ent", "clip"):
