@@ -180,13 +180,23 @@ def describe(tools: dict[str, Tool], how: str = HERMES_HOW) -> str:
 
 def parse_call(text: str) -> ToolCall | CallError | None:
     """The first call in an assistant turn; None when the turn makes no call (an answer)."""
-    start = text.find(CALL_OPEN)
-    if start < 0:
-        return None
-    end = text.find(CALL_CLOSE, start)
-    if end < 0:
-        return CallError(f"no {CALL_CLOSE} after {CALL_OPEN}")
-    return json_call(text[start + len(CALL_OPEN) : end].strip())
+    calls = tagged_calls(text, most=1)
+    return calls[0] if calls else None
+
+
+def tagged_calls(text: str, most: int | None = None) -> list[ToolCall | CallError]:
+    """The calls in `<tool_call>` tags of an assistant turn, in order, at most `most` of them; []
+    when it makes none. An opening tag without its closing one is a CallError and ends the reading."""
+    calls: list[ToolCall | CallError] = []
+    pos = 0
+    while (most is None or len(calls) < most) and (start := text.find(CALL_OPEN, pos)) >= 0:
+        end = text.find(CALL_CLOSE, start)
+        if end < 0:
+            calls.append(CallError(f"no {CALL_CLOSE} after {CALL_OPEN}"))
+            break
+        calls.append(json_call(text[start + len(CALL_OPEN) : end].strip()))
+        pos = end + len(CALL_CLOSE)
+    return calls
 
 
 def json_call(body: str, args_key: str = "arguments", also: tuple[str, ...] = ()) -> ToolCall | CallError:

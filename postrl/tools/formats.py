@@ -62,8 +62,7 @@ from postrl.tools.base import (
     ToolCall,
     call_from,
     describe,
-    json_call,
-    parse_call,
+    tagged_calls,
 )
 
 AUTO = "auto"
@@ -99,25 +98,14 @@ def register_format(fmt: ToolFormat) -> ToolFormat:
 
 
 def parse_hermes(text: str) -> Calls:
-    call = parse_call(text)
-    return [] if call is None else [call]
+    return tagged_calls(text, most=1)  # the first call only, as the Hermes turn stops at its close tag
 
 
 THINK_CLOSE = "</think>"
 
 
 def parse_qwen3(text: str) -> Calls:
-    reply = strip_think(text.rsplit(THINK_CLOSE, 1)[-1])  # after the last thought; an unclosed one hides the rest
-    calls: Calls = []
-    pos = 0
-    while (start := reply.find(CALL_OPEN, pos)) >= 0:
-        end = reply.find(CALL_CLOSE, start)
-        if end < 0:
-            calls.append(CallError(f"no {CALL_CLOSE} after {CALL_OPEN}"))
-            break
-        calls.append(json_call(reply[start + len(CALL_OPEN) : end].strip()))
-        pos = end + len(CALL_CLOSE)
-    return calls
+    return tagged_calls(strip_think(text.rsplit(THINK_CLOSE, 1)[-1]))  # after the last thought; an unclosed one hides the rest
 
 
 # ------------------------------------------------------------------ llama3: the reply is the call
