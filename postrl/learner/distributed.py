@@ -120,7 +120,7 @@ class Ranks:
 
     def dead(self) -> list[tuple[int, int | None]]:
         """(rank, exit code) of every rank that is not running."""
-        return [(r, p.exitcode) for r, (p, _) in enumerate(self.peers, start=1) if not p.is_alive()]
+        return _dead(self.peers)
 
     def _send(self, message: LoadState | Update | Stop) -> None:
         data = pickle.dumps(message)  # now: the optimiser's state changes in place during the update
@@ -262,7 +262,7 @@ def _wait_ready(store, peers: list) -> None:
     keys = [f"ready/{r}" for r in range(1, len(peers) + 1)]
     deadline = time.monotonic() + _START.total_seconds()
     while not store.check(keys):
-        dead = [(r, p.exitcode) for r, (p, _) in enumerate(peers, start=1) if not p.is_alive()]
+        dead = _dead(peers)
         if dead or time.monotonic() > deadline:
             for p, _ in peers:
                 p.kill()
@@ -271,6 +271,11 @@ def _wait_ready(store, peers: list) -> None:
             raise UserError(f"train.learners {len(peers) + 1}: the learner ranks did not start: {what} "
                             f"(its error is printed above)")
         time.sleep(0.05)
+
+
+def _dead(peers: list) -> list[tuple[int, int | None]]:
+    """(rank, exit code) of each of `peers` (ranks 1..N-1: process, queue) that is not running."""
+    return [(r, p.exitcode) for r, (p, _) in enumerate(peers, start=1) if not p.is_alive()]
 
 
 def _process_group(store, rank: int, world: int, device: torch.device, timeout: datetime.timedelta):
