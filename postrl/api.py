@@ -125,7 +125,7 @@ def evaluate(model: str | Path, recipe: Recipe = None, overrides: list[str] = ()
     model_dir, e = model_path(model), cfg.eval
     net, tok = load_model(model_dir, log=log)
     return evaluate_policy(
-        Policy(net, tok, backend=cfg.rollout.backend), built, num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
+        Policy(net, tok, rollout=cfg.rollout), built, num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
         temperature=e.temperature, max_new_tokens=cfg.train.max_new_tokens, seed=cfg.seed,
         limits={name: generation_limits(cfg, name) for name in built},
     )

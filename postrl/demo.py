@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     set_threads(cfg.run.threads)
     console.rule("[bold]1. base model")
     model, tok = load_model(cfg.model.name, log=console.print)
-    base = evaluate(Policy(model, tok, backend=cfg.rollout.backend), build_domains(cfg), **eval_kwargs)
+    base = evaluate(Policy(model, tok, rollout=cfg.rollout), build_domains(cfg), **eval_kwargs)
     console.rule("[bold]2. RL post-training")
     t0 = time.perf_counter()
     run_dir = train(cfg, log=console.print)

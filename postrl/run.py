@@ -223,7 +223,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     model = model.to(device)  # sampler, learner and reference share this device; tensors are made on it
     run_dir = make_run_dir(cfg, resume, log)
     save_config(cfg, run_dir / "config.yaml")
-    policy = Policy(model, tok, backend=cfg.rollout.backend)
+    policy = Policy(model, tok, rollout=cfg.rollout)
     ref_model = make_reference(model) if cfg.rl.kl_coef > 0 else None  # LoRA: the base, adapters off
     weights = {name: d.weight for name, d in cfg.domains.items()}
     sampler = TaskSampler(domains, cfg.seed)

@@ -297,7 +297,7 @@ def test_a_rollout_worker_samples_with_the_named_backend_and_loads_each_version_
                     for step, version, ref in [(0, 0, first), (1, 0, first), (2, 2, ray.put(model.state_dict()))]]
     finally:
         torch.set_num_threads(threads)
-    assert worker.policy.backend_name == "toy_greedy"
+    assert worker.policy.rollout.backend == "toy_greedy"
     assert [v for _, v in toy_backend.loads(tmp_path / "loads")] == [0, 2]
     for rollout in rollouts:  # greedy: each group's four completions are one
         ids = [s.completion_ids for s in rollout.samples]

@@ -10,6 +10,7 @@ import toy_backend
 from test_async import rows, run_train
 
 from postrl.builtin_models import load_model
+from postrl.config import RolloutConfig
 from postrl.errors import ConfigError
 from postrl.records import Task
 from postrl.sampling.backends import SAMPLING_BACKENDS, PostrlBackend, SamplingBackend, make_backend
@@ -31,8 +32,8 @@ def groups(completions: list[list[int]], n: int) -> list[list[list[int]]]:
 def test_postrl_is_the_registered_default_and_a_sampling_backend(tiny):
     model, tok = tiny
     assert "postrl" in SAMPLING_BACKENDS and SAMPLING_BACKENDS.key == "rollout.backend"
-    assert Policy(model, tok).backend_name == "postrl"
-    backend = make_backend("postrl", model, tok)
+    assert Policy(model, tok).rollout.backend == "postrl"
+    backend = make_backend(RolloutConfig(), model, tok)
     assert isinstance(backend, PostrlBackend) and isinstance(backend, SamplingBackend)
     assert not isinstance(object(), SamplingBackend)
 
@@ -42,7 +43,7 @@ def test_the_postrl_backend_is_the_batched_engine(tiny):
     model, tok = tiny
     prompts = [tok(t.prompt)["input_ids"] for t in TASKS] * 3
     params = GenParams(8, stop_strings=("=",))
-    got = PostrlBackend(model, tok).generate(prompts, params, torch.Generator().manual_seed(3))
+    got = PostrlBackend(model, tok, RolloutConfig()).generate(prompts, params, torch.Generator().manual_seed(3))
     want = generate(model, prompts, params, tok.eos_token_id, tok.pad_token_id, torch.Generator().manual_seed(3),
                     decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
     assert [(g.token_ids, g.logprobs, g.finish_reason) for g in got] == \
@@ -52,10 +53,10 @@ def test_the_postrl_backend_is_the_batched_engine(tiny):
 def test_an_unknown_backend_and_a_factory_that_builds_no_backend_are_config_errors(tiny):
     model, tok = tiny
     with pytest.raises(ConfigError, match=r"^config key 'rollout.backend' = 'vlm': unknown sampling backend"):
-        Policy(model, tok, backend="vlm")
-    SAMPLING_BACKENDS.add("test_not_a_backend", lambda model, tok: object())
+        Policy(model, tok, rollout=RolloutConfig(backend="vlm"))
+    SAMPLING_BACKENDS.add("test_not_a_backend", lambda model, tok, cfg: object())
     try:
-        policy = Policy(model, tok, backend="test_not_a_backend")  # built on first use
+        policy = Policy(model, tok, rollout=RolloutConfig(backend="test_not_a_backend"))  # built on first use
         with pytest.raises(ConfigError, match="'test_not_a_backend': object is not a sampling backend"):
             policy.sample(TASKS, 2, GenParams(4), torch.Generator().manual_seed(0))
     finally:
@@ -66,7 +67,7 @@ def test_the_policy_samples_through_the_backend_it_names(tiny):
     """The toy backend's samples are greedy (every group's completions equal) where postrl's at
     temperature 1 are not; the toy saw every prompt; episodes go through it too."""
     model, tok = tiny
-    toy = Policy(model, tok, backend="toy_greedy")
+    toy = Policy(model, tok, rollout=RolloutConfig(backend="toy_greedy"))
     own = Policy(model, tok)
     sampled = toy.sample(TASKS, 4, GenParams(8), torch.Generator().manual_seed(0))
     control = own.sample(TASKS, 4, GenParams(8), torch.Generator().manual_seed(0))
@@ -84,7 +85,7 @@ def test_weights_are_loaded_once_per_version_and_again_after_a_restore(tiny, tmp
     model, tok = tiny
     log = tmp_path / "loads"
     monkeypatch.setenv(toy_backend.LOG, str(log))
-    policy = Policy(model, tok, backend="toy_greedy")
+    policy = Policy(model, tok, rollout=RolloutConfig(backend="toy_greedy"))
     assert toy_backend.loads(log) == []  # built lazily: nothing until the first sampling call
 
     def sample_then_loads():

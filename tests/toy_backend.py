@@ -16,8 +16,8 @@ LOG = "TOY_BACKEND_LOG"
 class GreedyBackend:
     """Composition, not a subclass: a backend is anything with the Protocol's two methods."""
 
-    def __init__(self, model, tokenizer):
-        self.inner = PostrlBackend(model, tokenizer)
+    def __init__(self, model, tokenizer, cfg):
+        self.inner = PostrlBackend(model, tokenizer, cfg)
         self.prompts: list[list[int]] = []
         """Every prompt it was asked to complete, in order."""
 

@@ -438,7 +438,7 @@ class ThreadedEngine(Pipeline):
         model = copy.deepcopy(policy.model).eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        self.rollout_policy = Policy(model, policy.tok, policy.max_batch, backend=cfg.rollout.backend)
+        self.rollout_policy = Policy(model, policy.tok, policy.max_batch, rollout=cfg.rollout)
         self._loaded: dict | None = None  # the published weights the rollout model holds now
         self._published: tuple[int, dict] | None = None
         self._orders: queue.Queue = queue.Queue()

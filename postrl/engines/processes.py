@@ -174,7 +174,7 @@ def sampler_main(model, tok, max_batch: int, cfg: Config, threads: int, device: 
     load_extensions(cfg.imports)  # the run's own modules (`imports:`) exist here too
     torch.set_num_threads(threads)
     model = copy.deepcopy(model).to(device).eval()  # its own tensors: not the pickled shared ones
-    policy = Policy(model, tok, max_batch, backend=cfg.rollout.backend)
+    policy = Policy(model, tok, max_batch, rollout=cfg.rollout)
     reference = None  # the frozen initial policy (the model arrives with the run's initial weights)
     if cfg.pipeline.reference == "sampler" and cfg.rl.kl_coef > 0:
         reference = make_reference(model)

@@ -72,7 +72,7 @@ class RolloutWorker:
     def __init__(self, model, tok, cfg: Config, sandboxes: dict[str, RaySandbox] | None = None):
         load_extensions(cfg.imports)  # the run's own modules exist on every actor (`imports:`)
         torch.set_num_threads(1)  # one actor per CPU Ray schedules it on
-        self.policy, self.cfg, self.loaded = Policy(model.eval(), tok, backend=cfg.rollout.backend), cfg, None
+        self.policy, self.cfg, self.loaded = Policy(model.eval(), tok, rollout=cfg.rollout), cfg, None
         self.envs = None
         """The run's domains when some are environments: episodes step them here (tools, feedback)."""
         if has_environments(cfg):

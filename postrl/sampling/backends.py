@@ -1,6 +1,6 @@
 """Sampling backends: what turns prompt token ids into sampled completions, chosen by `rollout.backend`.
 
-    backend = make_backend("postrl", model, tokenizer)
+    backend = make_backend(RolloutConfig(backend="postrl"), model, tokenizer)
     gens = backend.generate(prompts, GenParams(max_new_tokens=8), generator)  # one Generation per prompt
     backend.load_weights(version)  # the model now holds policy version `version`: sample with it
 
@@ -19,8 +19,8 @@ writes them under a version number already seen. A backend that samples from wei
 samples from the model object itself, which is shared with the learner (or is the engine's copy
 that weights are loaded into), so it has nothing to copy: it only records the version.
 
-A second backend is one new module and one entry here: a factory `(model, tokenizer) ->
-SamplingBackend` added to `SAMPLING_BACKENDS` (a factory whose library is heavy imports it inside
+A second backend is one new module and one entry here: a factory `(model, tokenizer, rollout
+config) -> SamplingBackend` added to `SAMPLING_BACKENDS` (a factory whose library is heavy imports it inside
 the call, so that choosing another backend never loads it). A user's module named in a recipe's
 `imports:` may register one too; it then exists in sampler processes and Ray actors as well.
 """
@@ -28,10 +28,12 @@ the call, so that choosing another backend never loads it). A user's module name
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from postrl.config import RolloutConfig
 from postrl.errors import ConfigError
 from postrl.registry import Registry
 from postrl.sampling.generate import Generation, GenParams, generate
@@ -58,17 +60,28 @@ class SamplingBackend(Protocol):
         ...
 
 
-SAMPLING_BACKENDS = Registry("sampling backend", key="rollout.backend")
-"""name -> factory(model, tokenizer) -> SamplingBackend."""
+@dataclass(frozen=True)
+class BackendFacts:
+    """What a sampling backend registers beside its factory."""
+
+    learner_numerics: bool = False
+    """Its behaviour log-probs come from the learner's own forward (the same kernels on the same
+    weights), so they equal the learner's recomputation to float rounding. False (an inference
+    engine with kernels of its own): they differ by the train/inference mismatch, which
+    `rl.rollout_correction: auto` corrects."""
 
 
-@SAMPLING_BACKENDS.register("postrl")
+SAMPLING_BACKENDS = Registry("sampling backend", key="rollout.backend", facts=BackendFacts)
+"""name -> factory(model, tokenizer, rollout config) -> SamplingBackend; facts: `BackendFacts`."""
+
+
+@SAMPLING_BACKENDS.register("postrl", learner_numerics=True)
 class PostrlBackend:
     """postrl's own batched engine (`postrl.sampling.generate`): the fused `FastLM` path where the
     model is Llama-family, else the model's own Hugging Face forward. It samples from the model
     object it was built on, so the sampled tokens' log-probs are the learner's to float rounding."""
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, cfg: RolloutConfig):
         self.model, self.tok = model, tokenizer
         self.version: int | None = None
         """The policy version last loaded: nothing else to do, the model object is the weights."""
@@ -85,14 +98,15 @@ class PostrlBackend:
         return self.tok.decode(ids, skip_special_tokens=True)
 
 
-def backend_factory(name: str) -> Callable[[Any, Any], SamplingBackend]:
+def backend_factory(name: str) -> Callable[[Any, Any, RolloutConfig], SamplingBackend]:
     """The registered factory of backend `name`; ConfigError naming `rollout.backend` if none."""
     return SAMPLING_BACKENDS.get(name)
 
 
-def make_backend(name: str, model, tokenizer) -> SamplingBackend:
-    """Build backend `name` on `model`; what its factory returns is checked here, once."""
-    backend = backend_factory(name)(model, tokenizer)
+def make_backend(cfg: RolloutConfig, model, tokenizer) -> SamplingBackend:
+    """Build backend `cfg.backend` on `model`; what its factory returns is checked here, once."""
+    name = cfg.backend
+    backend = backend_factory(name)(model, tokenizer, cfg)
     if not isinstance(backend, SamplingBackend):
         raise ConfigError(f"config key 'rollout.backend' = {name!r}: {type(backend).__name__} is not a sampling "
                           f"backend (it needs generate(prompts, params, generator, on_done) and load_weights(version))")

@@ -9,22 +9,23 @@ from dataclasses import replace
 
 import torch
 
+from postrl.config import RolloutConfig
 from postrl.records import Sample, Task
 from postrl.sampling.backends import SamplingBackend, backend_factory, make_backend
 from postrl.sampling.generate import Generation, GenParams
 
 
 class Policy:
-    def __init__(self, model, tokenizer, max_batch: int = 512, backend: str = "postrl"):
+    def __init__(self, model, tokenizer, max_batch: int = 512, rollout: RolloutConfig | None = None):
         self.model = model
         self.tok = tokenizer
         self.max_batch = max_batch
         """Largest number of sequences generated at once (bounds KV-cache memory)."""
         self.version = 0
         """Optimiser updates applied so far; stamped on every sample."""
-        self.backend_name = backend
-        """The sampling backend (`rollout.backend`)."""
-        backend_factory(backend)  # an unknown name fails here, not at the first sample
+        self.rollout = rollout or RolloutConfig()
+        """The sampling backend's settings (`rollout`; `rollout.backend` names it)."""
+        backend_factory(self.rollout.backend)  # an unknown name fails here, not at the first sample
         self._backend: SamplingBackend | None = None
         self._synced: int | None = None
         """The version the backend last loaded; None: it loads before the next sampling call."""
@@ -33,7 +34,7 @@ class Policy:
     def backend(self) -> SamplingBackend:
         """Built on first use: a process that never samples (a learner rank) never starts one."""
         if self._backend is None:
-            self._backend = make_backend(self.backend_name, self.model, self.tok)
+            self._backend = make_backend(self.rollout, self.model, self.tok)
         return self._backend
 
     def load_weights(self, state: dict | None, version: int) -> None:
