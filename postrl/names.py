@@ -150,9 +150,20 @@ class RolloutSources:
                               f"expected '{REPLAY}RUN_DIR' of a run that stored them")
 
 
+class SamplingBackends:
+    """`rollout.backend`: a registered backend that can run here (`BackendFacts.problem`)."""
+
+    def check(self, name: str, key: str = "") -> None:
+        SAMPLING_BACKENDS.check(name, key)
+        problem = SAMPLING_BACKENDS.facts(name).problem
+        why = problem() if problem is not None else ""
+        if why:
+            raise ConfigError(f"config key '{key}' = {name!r}: {why}")
+
+
 NAMED_KEYS: list[NamedKey] = [
     NamedKey("engine", lambda cfg, _: ENGINES),
-    NamedKey("rollout.backend", lambda cfg, _: SAMPLING_BACKENDS),
+    NamedKey("rollout.backend", lambda cfg, _: SamplingBackends()),
     NamedKey("rl.advantage", lambda cfg, _: ADVANTAGES),
     NamedKey("rl.loss", lambda cfg, _: LOSSES),
     NamedKey("rl.kl_estimator", lambda cfg, _: KL_ESTIMATORS),

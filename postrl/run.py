@@ -112,7 +112,8 @@ class Run:
         the monitors' alerts (their actions are carried out by `act_on`)."""
         self.store.write(step, rec.samples)
         crash_point("step.stored")
-        times = StepTimes(rec.rollout.sample_s, rec.rollout.reward_s, rec.update_s)
+        sync_s = sum(s.timings.get("sync_s", 0.0) for s in rec.rollout.samples)
+        times = StepTimes(rec.rollout.sample_s, rec.rollout.reward_s, rec.update_s, sync_s)
         metrics = step_metrics(rec.samples, rec.stats, times, rec.kl_coef)
         metrics |= rec.fill.metrics() | self.schedule.metrics() | self.engine.metrics()
         self.engine.metrics_recorded()  # the engine's per-step sums start again for the next step

@@ -107,6 +107,26 @@ def merged_copy(model):
     return copy.deepcopy(model).merge_and_unload()
 
 
+@torch.no_grad()
+def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """The policy's weights as (name, tensor) under the base model's own parameter names, adapters
+    folded in (W + B A * alpha / r) out of place: what an inference engine that knows only the base
+    architecture loads (`rollout.backend: vllm`). Without LoRA, the model's state dict as it is."""
+    if not is_lora(model):
+        return list(model.state_dict().items())
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {f"{name}.base_layer.weight": sum(m.get_delta_weight(a) for a in m.active_adapters)
+              for name, m in model.named_modules() if isinstance(m, LoraLayer) and m.active_adapters}
+    out = []
+    for name, t in model.state_dict().items():
+        if ".lora_" in name:
+            continue
+        merged = (t + deltas[name]).to(t.dtype) if name in deltas else t
+        out.append((name.removeprefix("base_model.model.").replace(".base_layer.", "."), merged))
+    return out
+
+
 def merge_and_save(model, tok, out_dir: str | Path) -> Path:
     """Write a full Hugging Face model directory (adapters merged) plus `adapter/` (peft format).
 

@@ -20,6 +20,7 @@ Stable metric names (scripts, the report and the monitors rely on these; add, ne
     response_len/mean                      mean completion length, tokens
     tokens_per_s                           sampled tokens per second of sampling time
     time/sample_s, time/reward_s, time/update_s   wall-clock seconds per stage
+    time/sync_s                                  weight sync into the sampling backend (in sample_s)
     loss, pg_loss, grad_norm, lr           last optimiser step's loss (total, policy-gradient part),
                                            pre-clip grad norm, learning rate
     verifier/unverified                    share of samples whose verifier timed out or failed

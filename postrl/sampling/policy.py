@@ -29,6 +29,8 @@ class Policy:
         self._backend: SamplingBackend | None = None
         self._synced: int | None = None
         """The version the backend last loaded; None: it loads before the next sampling call."""
+        self._sync_s = 0.0
+        """Seconds the backend spent loading weights since `take_sync_s` last read them."""
 
     @property
     def backend(self) -> SamplingBackend:
@@ -51,9 +53,18 @@ class Policy:
         """Token ids in, `Generation`s out, through the backend, with the weights of `version`:
         the backend's `load_weights` runs once per version, here, before its first sampling call."""
         if self._synced != self.version:
-            self.backend.load_weights(self.version)
+            backend = self.backend  # built on first use, outside the timed sync
+            t0 = time.perf_counter()
+            backend.load_weights(self.version)
+            self._sync_s += time.perf_counter() - t0
             self._synced = self.version
         return self.backend.generate(prompts, params, generator, on_done)
+
+    def take_sync_s(self) -> float:
+        """Seconds spent syncing weights into the backend since the last call (then zero again): the
+        callers of `generate` share them out over the samples they make (`timings["sync_s"]`)."""
+        seconds, self._sync_s = self._sync_s, 0.0
+        return seconds
 
     def encode_prompt(self, text: str) -> list[int]:
         return self.encode_task(Task("", "", text, ""))
@@ -96,7 +107,8 @@ class Policy:
         temperature are generated together, in a fixed order, so the draws stay deterministic.
         `on_ready(samples)` is called, while generation goes on, with each set of whole groups
         whose last sample has just finished (in group order), so they can be graded meanwhile.
-        Their `timings["sample_s"]` is filled in when their generation chunk ends."""
+        Their `timings["sample_s"]` (and `["sync_s"]`, the weight sync's share, included in it) are
+        filled in when their generation chunk ends."""
         was_training = self.model.training
         self.model.eval()
         encoded = [self.encode_task(t) for t in tasks]
@@ -121,9 +133,10 @@ class Policy:
             groups.finished([chunk[r] for r in rows])
 
         self.generate([flat[i][2] for i in chunk], params, generator, on_done=done)
-        share = (time.perf_counter() - t0) / len(chunk)
+        share, sync = (time.perf_counter() - t0) / len(chunk), self.take_sync_s() / len(chunk)
         for i in chunk:
             out[i].timings["sample_s"] = share
+            out[i].timings["sync_s"] = sync
 
     def _to_sample(self, item, gen, params: GenParams) -> Sample:
         g, task, ids = item
