@@ -236,6 +236,31 @@ class TrainConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    mode: Literal["auto", "none", "tis", "token_mask", "seq_mask"] = "auto"
+    """Correction of the train/inference mismatch (`postrl.algo.correction`), with r = pi_prox /
+    pi_behav per token (pi_prox: the learner's log-probs of the batch when it is built, at the
+    sampling version for fresh rows): tis (w = min(r, cap)), token_mask (w = r if low <= r <= cap,
+    else 0), seq_mask (TRL's sequence_mask: every token of a sequence weighted by the sequence ratio
+    rho = exp(sum log r), the whole sequence dropped when rho is outside [low, cap]), none, or auto:
+    seq_mask where the sampling backend's log-probs are not the learner's own numerics
+    (`BackendFacts.learner_numerics` false: an inference engine), none where they are (postrl).
+    Any mode but none runs the proximal pass on every row and centres the trust region on pi_prox;
+    its weight then replaces decoupled PPO's min(r, pipeline.is_cap) on stale rows too, where r
+    holds the staleness and the mismatch together. none keeps today's loss bit for bit (the
+    proximal pass and pipeline.is_cap on stale rows only); it cannot be combined with
+    pipeline.proximal: behaviour, which skips the pass."""
+    cap: float = ranged(3.0, ge=1)
+    """Upper bound of the ratio pi_prox / pi_behav: tis truncates at it, token_mask drops tokens and
+    seq_mask sequences above it. 3.0 is TRL's default for every mode (its default mode is
+    sequence_mask); verl's and Yao et al.'s TIS use 2.0. A float32 engine (|dlogp| ~1e-3 per token)
+    stays far below 3 even over hundreds of tokens, so only real breakage is masked."""
+    low: float = ranged(0.0, ge=0, le=1)
+    """Lower bound for the mask modes (0 = none; tis ignores it): a token or sequence with a
+    smaller ratio is dropped. 0, as TRL's default, because such a weight is already near 0."""
+
+
+@dataclass
 class RLConfig:
     advantage: str = "grpo"
     """Advantage estimator (registry name): grpo or rloo."""
@@ -261,6 +286,8 @@ class RLConfig:
     """Adaptive controller horizon in steps: how fast the coefficient follows the target."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (0 = off)."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Off-policy correction of the train/inference mismatch (`rl.rollout_correction.mode`)."""
 
 
 @dataclass
@@ -350,13 +377,15 @@ class PipelineConfig:
     """Trainer steps a batch's sampling weights may lag the weights it is trained from (0 = synchronous).
     One step is ppo_epochs x minibatches optimiser updates (policy.version counts those)."""
     is_cap: float = ranged(2.0, ge=1)
-    """Truncation of the importance weight pi_prox / pi_behav on stale batches (decoupled PPO + TIS)."""
+    """Truncation of the importance weight pi_prox / pi_behav on stale batches (decoupled PPO + TIS),
+    with rl.rollout_correction.mode none; another mode's weight and cap stand in its place."""
     proximal: Literal["trainer", "behaviour"] = "trainer"
     """The policy a stale batch's trust region is centred on. trainer: the trainer's weights when it
     takes the batch, from an extra forward pass over the stale rows (decoupled PPO, AReaL), times
     the truncated weight pi_prox / pi_behav; behaviour: the sampling weights' own log-probs, as
     plain PPO does over its epochs (no extra pass; the ratio pi / pi_behav is the importance weight,
-    clipped). The same at staleness 0."""
+    clipped). The same at staleness 0. behaviour needs rl.rollout_correction.mode none (a correction
+    needs the learner's log-probs)."""
     source: str = ""
     """Where batches come from: '' samples live; 'replay:RUN_DIR' trains on a stored run's rollouts."""
     samplers: int = ranged(0, ge=0)

@@ -24,7 +24,10 @@ Departures from the GRPO paper (Shao et al., 2024), each a config switch:
   - the sampler's behaviour log-probs are reused as the "old" log-probs: no extra forward pass,
     and the first minibatch is exactly on-policy; batches sampled by older weights (K > 0) get
     decoupled PPO instead: clip around the trainer's weights, times a truncated importance weight
-    (`pipeline.is_cap`, see `postrl.algo.losses.truncated_is_weight`);
+    (`pipeline.is_cap`, see `postrl.algo.losses.truncated_is_weight`); where the sampler's
+    numerics are not the learner's (an inference engine), every row gets the learner's log-probs
+    as the trust region's centre and a masked or truncated weight instead (`rl.rollout_correction`,
+    `postrl.algo.correction`; auto: seq_mask there, none with postrl's own backend);
   - the KL term (k3, as in GRPO) can move into the reward (`rl.kl_in: reward`), and its
     coefficient can follow a target KL (`rl.kl_target`); it is skipped entirely at `kl_coef: 0`.
 

@@ -183,4 +183,8 @@ class Batch:
     prox_logprobs: torch.Tensor | None = None
     """[B, T-1] log-probs under the trainer's weights when the batch is consumed, for off-policy
     (asynchronous) batches; equal to old_logprobs on rows sampled by those same weights. None =
-    every row is on-policy and the loss is plain PPO on the behaviour log-probs."""
+    every row is on-policy and the loss is plain PPO on the behaviour log-probs. With a rollout
+    correction (`rl.rollout_correction`) it holds the trainer's log-probs on every row."""
+    fresh: torch.Tensor | None = None
+    """[B] bool: rows sampled at the learner's policy version when the batch was built, where the
+    learner's log-probs measure the train/inference mismatch; None = not known (no measurement)."""

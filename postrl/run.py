@@ -41,7 +41,7 @@ from postrl.evaluation import EVAL_AGGREGATES, evaluate
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
 from postrl.learner.distributed import start_learners
-from postrl.learner.learner import Learner, UpdateStats
+from postrl.learner.learner import Learner, UpdateStats, correction_mode
 from postrl.model.device import model_device, resolve_device
 from postrl.model.lora import apply_lora, load_policy_weights, make_reference, save_policy
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples
@@ -212,6 +212,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     directory is made, so bad input leaves nothing behind."""
     load_extensions(cfg.imports)  # already loaded by the commands (load_recipe); a Config made in Python
     check_names(cfg)
+    correction = correction_mode(cfg)  # rl.rollout_correction.mode resolved by the backend's facts
     device = resolve_device(cfg.run.device)  # cuda asked for and absent: an error now, never a CPU fallback
     seed_everything(cfg.seed)
     set_threads(cfg.run.threads)
@@ -230,10 +231,10 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     sampler = TaskSampler(domains, cfg.seed)
     schedule = make_schedule(cfg.curriculum, weights, {n: list(d.levels) for n, d in domains.items()})
     engine = ENGINES.get(cfg.engine)(policy, domains, cfg, log)  # it may take cores: the ranks get what is left
-    ranks = start_learners(cfg, str(resolve_model_path(cfg.model.name)), model_device(model), run_dir, log) \
-        if cfg.train.learners > 1 else None  # this process: rank 0
+    ranks = start_learners(cfg, str(resolve_model_path(cfg.model.name)), model_device(model), run_dir,
+                           correction, log) if cfg.train.learners > 1 else None  # this process: rank 0
     learner = Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
-                      proximal=cfg.pipeline.proximal, ranks=ranks)
+                      proximal=cfg.pipeline.proximal, ranks=ranks, correction=correction)
     run = Run(
         cfg=cfg, dir=run_dir, domains=domains, policy=policy, learner=learner, sampler=sampler, schedule=schedule,
         kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon), engine=engine,

@@ -198,10 +198,12 @@ class Ranks:
                          f"newest checkpoint is where the run continues: postrl train --resume {self.where}")
 
 
-def start_learners(cfg: Config, model_path: str, device: torch.device, run_dir, log=print) -> Ranks:
+def start_learners(cfg: Config, model_path: str, device: torch.device, run_dir, correction: str,
+                   log=print) -> Ranks:
     """Start ranks 1..N-1, each loading the model at `model_path` (the run's `model.name`,
-    resolved), and connect them; returns rank 0's `Ranks` (this process, the model on `device`),
-    for the learner built next."""
+    resolved) and learning with rollout correction `correction` (rank 0's resolved
+    `rl.rollout_correction.mode`: a pure function of the batch), and connect them; returns rank
+    0's `Ranks` (this process, the model on `device`), for the learner built next."""
     world = cfg.train.learners
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise UserError(f"train.learners {world}: needs {world} CUDA devices, {torch.cuda.device_count()} found")
@@ -215,7 +217,7 @@ def start_learners(cfg: Config, model_path: str, device: torch.device, run_dir, 
         rank_device = f"cuda:{rank}" if device.type == "cuda" else str(device)
         process = ctx.Process(target=learner_main, name=f"postrl-learner-{rank}", daemon=True,
                               args=(rank, world, store.port, model_path, cfg, threads, rank_device, orders,
-                                    os.getpid()))
+                                    os.getpid(), correction))
         process.start()
         peers.append((process, orders))
     _wait_ready(store, peers)
@@ -226,7 +228,7 @@ def start_learners(cfg: Config, model_path: str, device: torch.device, run_dir, 
 
 
 def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config, threads: int, device: str,
-                 orders, parent: int) -> None:
+                 orders, parent: int, correction: str) -> None:
     """A learner rank: the trainer's updates, until it sends `Stop` or is gone."""
     load_extensions(cfg.imports)
     torch.set_num_threads(threads)
@@ -237,7 +239,7 @@ def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config,
     store.set(f"ready/{rank}", "1")  # loaded: the group forms now, and its collectives wait `timeout` at most
     ranks = Ranks(rank, world, _process_group(store, rank, world, torch.device(device), timeout), threads)
     learner = Learner(Policy(model, tok), None, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
-                      proximal=cfg.pipeline.proximal, ranks=ranks)
+                      proximal=cfg.pipeline.proximal, ranks=ranks, correction=correction)
     try:
         while (data := next_order(orders, parent)) is not None:  # None: the trainer has gone
             msg = pickle.loads(data)

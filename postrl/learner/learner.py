@@ -23,6 +23,13 @@ micro-batch's forward is padded or, with `train.pack_sequences`, one packed sequ
 vocabulary head runs in chunks of `model.logits_chunk_mib` (`postrl.model.logprobs`). The batch
 lives on the model's device; a bf16 model trains with float32 master weights
 (`postrl.learner.precision`).
+
+The train/inference mismatch (`postrl.algo.correction`) is measured every step on the fresh rows
+(sampled at the learner's version when the batch is built) where the learner has its own
+log-probs at no extra cost: every fresh row when a rollout correction runs the proximal pass on
+all rows, else the fresh rows of the first minibatch of the first epoch, from the loss's own
+forward before any optimiser step (with data-parallel ranks: rank 0's share of them). With
+`rl.rollout_correction.mode: none` no pass is added and the loss is unchanged bit for bit.
 """
 
 from __future__ import annotations
@@ -33,12 +40,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from postrl.algo.advantages import ADVANTAGES, group_advantages
+from postrl.algo.correction import CORRECTIONS, correction_stats, mismatch_stats
 from postrl.algo.losses import LOSS_AGGREGATIONS, LOSSES, aggregate, kl_estimate, truncated_is_weight
-from postrl.config import ModelConfig, RLConfig, TrainConfig
+from postrl.config import Config, ModelConfig, RLConfig, TrainConfig
+from postrl.errors import ConfigError
 from postrl.learner.precision import make_optimizer
 from postrl.model.device import model_device
 from postrl.model.logprobs import hf_decoder_and_head, token_logprobs
 from postrl.records import Batch, Sample
+from postrl.sampling.backends import SAMPLING_BACKENDS
 from postrl.sampling.policy import Policy
 
 if TYPE_CHECKING:  # distributed imports this module (its ranks build a Learner)
@@ -59,18 +69,22 @@ class UpdateStats:
     sample_entropy: list[float]
     """Mean token entropy of each completion, from the first pass (for per-domain metrics)."""
     offpolicy: dict[str, float] = field(default_factory=dict)
-    """Off-policy correction metrics of a stale batch (mismatch KL, IS weights); empty when on-policy."""
+    """Off-policy metrics: `mismatch/*` every step (`mismatch_stats`), `offpolicy/*` on a stale
+    batch with no rollout correction, `rollout_correction/*` with one."""
 
 
 class Learner:
     def __init__(self, policy: Policy, ref_model, train: TrainConfig, rl: RLConfig,
                  model_cfg: ModelConfig | None = None, is_cap: float = 2.0, proximal: str = "trainer",
-                 ranks: Ranks | None = None):
+                 ranks: Ranks | None = None, correction: str = "none"):
         self.policy, self.ref_model, self.train_cfg, self.rl = policy, ref_model, train, rl
         self.is_cap = is_cap
         """Truncation of the behaviour->proximal importance weight on stale batches."""
         self.proximal = proximal
         """`pipeline.proximal`: trainer (decoupled PPO: an extra pass on stale rows) or behaviour."""
+        self.correction = correction
+        """`rl.rollout_correction.mode` resolved (`correction_mode`): none, or a `CORRECTIONS` name,
+        whose weight on pi_prox / pi_behav replaces decoupled PPO's on every row."""
         model_cfg = model_cfg or ModelConfig()
         self.micro_batch_size = model_cfg.micro_batch_size
         self.chunk_mib = model_cfg.logits_chunk_mib
@@ -151,8 +165,9 @@ class Learner:
                 ref = self._logprobs(self.ref_model, torch.arange(len(samples), device=self.device), ids, attn,
                                      loss_mask, temps, out=torch.zeros_like(old))
         adv = self._advantages(samples, old, ref, loss_mask, kl_coef)
-        prox = self._proximal_logprobs(samples, ids, attn, loss_mask, old, temps)
-        return Batch(ids, attn, loss_mask, old, ref, adv, temps, prox)
+        fresh = torch.tensor([s.policy_version == self.policy.version for s in samples], device=self.device)
+        prox = self._proximal_logprobs(fresh, ids, attn, loss_mask, old, temps)
+        return Batch(ids, attn, loss_mask, old, ref, adv, temps, prox, fresh)
 
     def _advantages(self, samples, old, ref, loss_mask, kl_coef: float) -> torch.Tensor:
         """[B] group-relative advantages, written into the samples too. With `rl.kl_in: reward`
@@ -175,18 +190,20 @@ class Learner:
         return adv
 
     @torch.no_grad()
-    def _proximal_logprobs(self, samples, ids, attn, loss_mask, old, temps) -> torch.Tensor | None:
+    def _proximal_logprobs(self, fresh, ids, attn, loss_mask, old, temps) -> torch.Tensor | None:
         """The trainer's own log-probs on rows sampled by older weights (asynchronous pipeline);
         None when every row is on-policy, so the synchronous loss is unchanged bit for bit, and
         with `pipeline.proximal: behaviour` (plain PPO around the sampling weights).
         Fresh rows keep their behaviour log-probs: there the two policies are the same weights,
-        and the sampler's numerics define the trust region as in the synchronous loop."""
-        if self.proximal == "behaviour":
+        and the sampler's numerics define the trust region as in the synchronous loop.
+        With a rollout correction every row gets them: on fresh rows they are the learner's
+        numerics at the sampling version, which the correction weighs against the sampler's."""
+        if self.proximal == "behaviour":  # correction_mode refuses it with a correction
             return None
-        stale = torch.tensor([s.policy_version != self.policy.version for s in samples], device=self.device)
-        if not stale.any():
+        rows = torch.ones_like(fresh) if self.correction != "none" else ~fresh
+        if not rows.any():
             return None
-        return self._logprobs(self.forward_model, stale.nonzero().flatten(), ids, attn, loss_mask, temps,
+        return self._logprobs(self.forward_model, rows.nonzero().flatten(), ids, attn, loss_mask, temps,
                               out=old.clone())
 
     def _logprobs(self, model, rows, ids, attn, loss_mask, temps, out: torch.Tensor) -> torch.Tensor:
@@ -214,6 +231,7 @@ class Learner:
         size = batch.input_ids.shape[0] // self.train_cfg.minibatches
         totals: dict[str, float] = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ent": 0.0, "clip": 0.0, "gn": 0.0}
         kl_max, steps = 0.0, 0
+        probe = _Probe.of(batch) if self.correction == "none" else None  # a correction measured in build_batch
         for epoch in range(self.train_cfg.ppo_epochs):
             # drawn on the generator's device (the CPU's seeded stream): the same order on every device
             order = torch.randperm(batch.input_ids.shape[0], generator=generator, device=generator.device)
@@ -221,7 +239,7 @@ class Learner:
             for start in range(0, len(order), size):
                 self.opt.zero_grad(set_to_none=True)
                 mb_max = self._accumulate(batch, order[start : start + size], kl_coef, totals,
-                                          sample_entropy if epoch == 0 else None)
+                                          sample_entropy if epoch == 0 else None, probe if steps == 0 else None)
                 kl_max = max(kl_max, mb_max)
                 if self.ranks is not None:
                     self.ranks.sum_grads([p for p in model.parameters() if p.requires_grad])
@@ -239,11 +257,30 @@ class Learner:
             loss=totals["loss"] / steps, pg_loss=totals["pg"] / steps, kl_mean=totals["kl"] / steps, kl_max=kl_max,
             entropy=totals["ent"] / steps, clip_frac=totals["clip"] / steps, grad_norm=totals["gn"] / steps,
             lr=self.sched.get_last_lr()[0], optimizer_steps=steps, sample_entropy=sample_entropy.tolist(),
-            offpolicy=offpolicy_stats(batch, self.is_cap),
+            offpolicy=self._offpolicy_stats(batch, probe),
         )
 
+    def _offpolicy_stats(self, batch: Batch, probe: _Probe | None) -> dict[str, float]:
+        """The mismatch on the fresh rows the learner forwarded at their sampling version: with a
+        correction, every fresh row (its proximal pass); without, the fresh rows of this rank's
+        share of the first minibatch (the loss's own forward, before the first optimiser step).
+        Then the correction's weights, or decoupled PPO's on a stale batch."""
+        out: dict[str, float] = {}
+        if batch.fresh is not None:  # None: a batch made elsewhere, its rows' versions unknown
+            learner = batch.prox_logprobs if probe is None else probe.logp
+            rows = batch.fresh if probe is None else probe.rows & batch.fresh
+            out = mismatch_stats(learner[rows], batch.old_logprobs[rows], batch.loss_mask[rows])
+        if self.correction == "none":
+            return out | offpolicy_stats(batch, self.is_cap)
+        return out | correction_stats(self._correct(batch.prox_logprobs, batch.old_logprobs, batch.loss_mask),
+                                      batch.loss_mask)
+
+    def _correct(self, prox: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor):
+        rc = self.rl.rollout_correction
+        return CORRECTIONS.get(self.correction)(prox - behav, mask, rc.cap, rc.low)
+
     def _accumulate(self, batch: Batch, mb: torch.Tensor, kl_coef: float, totals: dict[str, float],
-                    sample_entropy: torch.Tensor | None) -> float:
+                    sample_entropy: torch.Tensor | None, probe: _Probe | None) -> float:
         """The minibatch `mb`'s gradient (this rank's share of it, with data-parallel ranks) and
         weighted loss terms added to `totals`; returns its largest token KL. Gradient accumulation:
         each micro-batch's loss is weighted by its share of the minibatch's aggregation
@@ -251,7 +288,7 @@ class Learner:
         rows, kl_max = mb if self.ranks is None else self.ranks.share(mb), 0.0
         for micro in self._micro_batches(rows, batch.attention_mask) if len(rows) else []:
             weight = self.share(batch.loss_mask[micro], batch.loss_mask[mb])
-            loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy)
+            loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy, probe)
             (weight * loss).backward()
             for key in ("loss", "pg", "kl", "ent", "clip"):
                 totals[key] += weight * terms[key]
@@ -266,9 +303,9 @@ class Learner:
         return micro_batches(mb, attention_mask, self.micro_batch_size, self.train_cfg.max_tokens_per_microbatch,
                              self.train_cfg.pack_sequences)
 
-    def _micro_loss(self, batch: Batch, rows: torch.Tensor, kl_coef: float, sample_entropy):
+    def _micro_loss(self, batch: Batch, rows: torch.Tensor, kl_coef: float, sample_entropy, probe: _Probe | None):
         """(loss, its terms as floats) of `rows`, aggregated over these rows only (the caller
-        reweights them)."""
+        reweights them); `probe` keeps the learner's log-probs of them."""
         rl = self.rl
         # rows are right-padded: columns past the longest real row are skipped entirely
         width = int(batch.attention_mask[rows].sum(-1).max())
@@ -279,10 +316,15 @@ class Learner:
             entropy_grad=rl.entropy_coef > 0, needed=mask, pack=self.train_cfg.pack_sequences,
             chunk_mib=self.chunk_mib,
         )
+        if probe is not None:
+            probe.keep(rows, logp)
         weight = None
-        if batch.prox_logprobs is not None:  # decoupled PPO: trust region around the proximal policy
+        if batch.prox_logprobs is not None:  # trust region around the proximal policy, times a weight
             behav, old = old, batch.prox_logprobs[rows, : width - 1]
-            weight = truncated_is_weight(old, behav, self.is_cap)  # [b, t]
+            if self.correction == "none":  # decoupled PPO: stale rows; on fresh ones prox = behav, weight 1
+                weight = truncated_is_weight(old, behav, self.is_cap)  # [b, t]
+            else:  # the rollout correction's transform of pi_prox / pi_behav, on every row
+                weight = self._correct(old, behav, mask).weight  # [b, t]
         pg, st = self.loss_fn(logp, old, batch.advantages[rows], mask, rl.clip_low, rl.clip_high, rl.loss_agg,
                               is_weight=weight)
         loss, ent_mean = pg, aggregate(ent, mask, rl.loss_agg)
@@ -299,6 +341,40 @@ class Learner:
             loss = loss - rl.entropy_coef * ent_mean
         return loss, {"loss": float(loss.detach()), "pg": float(pg.detach()), "kl": float(kl_mean.detach()),
                       "ent": float(ent_mean.detach()), "clip": st.clip_frac, "kl_max": kl_max}
+
+
+@dataclass
+class _Probe:
+    """The learner's log-probs of the rows the update forwards first, before its first optimiser
+    step: on fresh rows, the sampling version's, so the mismatch is measured with no extra pass."""
+
+    logp: torch.Tensor
+    """[B, T-1], written on the kept rows."""
+    rows: torch.Tensor
+    """[B] bool: the rows kept."""
+
+    @classmethod
+    def of(cls, batch: Batch) -> _Probe:
+        return cls(torch.zeros_like(batch.old_logprobs), torch.zeros_like(batch.advantages, dtype=torch.bool))
+
+    def keep(self, rows: torch.Tensor, logp: torch.Tensor) -> None:
+        self.logp[rows, : logp.shape[1]] = logp.detach()
+        self.rows[rows] = True
+
+
+def correction_mode(cfg: Config) -> str:
+    """`rl.rollout_correction.mode` resolved: auto is seq_mask where the sampling backend's
+    log-probs are not the learner's numerics (`BackendFacts.learner_numerics`), none where they are.
+    A correction with `pipeline.proximal: behaviour` (no learner pass to weigh against) is a ConfigError."""
+    mode = shown = cfg.rl.rollout_correction.mode
+    if mode == "auto":
+        mode = "none" if SAMPLING_BACKENDS.facts(cfg.rollout.backend).learner_numerics else "seq_mask"
+        shown = f"auto ({mode} for rollout.backend {cfg.rollout.backend})"
+    if mode != "none" and cfg.pipeline.proximal == "behaviour":
+        raise ConfigError(f"config key 'rl.rollout_correction.mode' = {shown!r}: a correction needs the learner's "
+                          f"log-probs, which pipeline.proximal: behaviour skips; set pipeline.proximal=trainer or "
+                          f"rl.rollout_correction.mode=none")
+    return mode
 
 
 def micro_batches(mb: torch.Tensor, attention_mask: torch.Tensor, size: int, budget: int,

@@ -21,6 +21,7 @@ absent in a step (e.g. no `entropy` metric) skips that step without changing its
 | repetition            | samples' completion token ids            | many completions repeat their own n-grams    |
 | test_tampering        | samples' completion text                 | code defines/patches test names or exits early |
 | non_finite            | loss, grad_norm                          | a value is NaN or infinite                   |
+| mismatch              | mismatch/logp_abs_diff_mean, kl_k3       | sampler and learner log-probs differ (a sync that did not land) |
 | proxy_gold            | samples' reward and `gold` component     | smoothed gold fell from its best while the proxy rose |
 | tool_loop             | samples' episodes (tool turns)           | many episodes repeat one tool call           |
 | tool_errors           | samples' episodes (tool statuses)        | the tool-error rate is high or rising        |
@@ -45,6 +46,7 @@ from postrl.monitor.settings import (  # noqa: F401  (re-exported for callers of
     FormatShareConfig,
     KlSpikeConfig,
     LengthDriftConfig,
+    MismatchConfig,
     MonitorConfig,
     NonFiniteConfig,
     ProxyGoldConfig,
@@ -306,6 +308,35 @@ class NonFinite:
             return []
         msg = "non-finite " + ", ".join(f"{k}={v}" for k, v in bad.items())
         return [Alert(step, self.name, msg, self.cfg.action, bad)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trigger.load_state_dict(state["trigger"])
+
+
+@register_monitor("mismatch")
+class Mismatch:
+    """The train/inference mismatch (`postrl.algo.correction.mismatch_stats`, logged every step on
+    the fresh rows the learner forwarded): a weight sync that did not land, or an inference engine
+    whose numerics stray, shows here the first step after the weights change."""
+
+    def __init__(self, cfg: MismatchConfig, ctx: MonitorContext):
+        self.cfg = cfg
+        self.trigger = Trigger(1)
+        self.values: dict[str, float] = {}
+
+    def update(self, step: int, metrics: dict[str, float], samples: Sequence) -> list[Alert]:
+        diff, kl = _finite(metrics, "mismatch/logp_abs_diff_mean"), _finite(metrics, "mismatch/kl_k3")
+        if diff is None or kl is None:  # no fresh rows measured this step
+            return []
+        if not self.trigger.observe(diff > self.cfg.max_logp_abs_diff_mean or kl > self.cfg.max_kl_k3):
+            return []
+        msg = (f"sampler and learner disagree on the same weights: mean |dlogp| {diff:.3g} (max "
+               f"{self.cfg.max_logp_abs_diff_mean:g}), KL(behaviour || learner) {kl:.3g} (max {self.cfg.max_kl_k3:g}); "
+               f"did the weight sync land?")
+        return [Alert(step, self.name, msg, self.cfg.action, {"logp_abs_diff_mean": diff, "kl_k3": kl})]
 
     def state_dict(self) -> dict[str, Any]:
         return {"trigger": self.trigger.state_dict()}

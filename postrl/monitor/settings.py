@@ -137,6 +137,22 @@ class NonFiniteConfig:
 
 
 @dataclass
+class MismatchConfig:
+    enabled: bool = True
+    """Watch the train/inference mismatch (`mismatch/*`: the sampler's log-probs against the
+    learner's on the same weights) for a broken weight sync or a bad inference engine. Skips steps
+    without a measurement."""
+    action: str = "warn"
+    """warn | stop | rollback."""
+    max_logp_abs_diff_mean: float = 0.05
+    """Fire when the mean |log p_behaviour - log p_learner| per token is above this. postrl's own
+    backend shows ~1e-7, a float32 inference engine up to ~1e-3, bf16 engines ~0.01 (trl#4772)."""
+    max_kl_k3: float = 0.01
+    """... or when the k3 estimate of KL(behaviour || learner) per token is above this (about
+    (dlogp)^2 / 2 for small differences: 1e-6 at dlogp 1e-3)."""
+
+
+@dataclass
 class ToolLoopConfig:
     enabled: bool = True
     """Watch multi-turn episodes for the same tool call made again and again."""
@@ -243,6 +259,7 @@ class MonitorConfig:
     repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
     test_tampering: TamperingConfig = field(default_factory=TamperingConfig)
     non_finite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+    mismatch: MismatchConfig = field(default_factory=MismatchConfig)
     proxy_gold: ProxyGoldConfig = field(default_factory=ProxyGoldConfig)
     tool_loop: ToolLoopConfig = field(default_factory=ToolLoopConfig)
     tool_errors: ToolErrorsConfig = field(default_factory=ToolErrorsConfig)
