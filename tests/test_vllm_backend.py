@@ -198,6 +198,28 @@ def test_a_vllm_run_trains_and_its_reward_rises(trained):
     assert last > first + 0.1, [round(x["reward/mean"], 3) for x in m]
     assert all(x["time/sync_s"] > 0 for x in m)  # one sync per step: each step is a new version
     assert {r.policy_version for r in read_rows(trained)} == {2 * s for s in range(6)}  # 2 minibatches a step
+    # the mismatch on every trained token (auto = seq_mask here: the pass covers every row), and no alert
+    assert all(x["mismatch/tokens"] > 0 and x["mismatch/logp_abs_diff_max"] < TOL for x in m)
+    assert all(x["rollout_correction/masked_frac"] == 0 for x in m)
+    assert not (trained / "alerts.jsonl").exists() or "mismatch" not in (trained / "alerts.jsonl").read_text()
+
+
+def test_a_vllm_sync_that_does_not_land_fires_the_mismatch_monitor_at_the_first_update(model_dir, tmp_path,
+                                                                                      monkeypatch):
+    real = VllmBackend.load_weights
+
+    def first_only(self, version):  # the broken sync: only the engine's first load lands
+        if self.version is None:
+            real(self, version)
+        self.version = version
+
+    monkeypatch.setattr(VllmBackend, "load_weights", first_only)
+    train(load_config("recipes/default.yaml", [f"model.name={model_dir}", f"run.dir={tmp_path / 'run'}", *ARGS,
+                                               "train.total_steps=3", "train.lr=1e-2"]), log=lambda *a: None)
+    m = metrics(tmp_path / "run")
+    assert m[0]["mismatch/logp_abs_diff_mean"] < TOL and all(x["mismatch/logp_abs_diff_mean"] > 0.05 for x in m[1:])
+    fired = [json.loads(x) for x in (tmp_path / "run" / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["name"]) for a in fired][:1] == [(1, "mismatch")]
 
 
 def postrl_cli(args, crash_at=None):
