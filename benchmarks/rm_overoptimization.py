@@ -16,7 +16,9 @@ training, and the RL run; the prompts stay the same); seed 0 is the run this ben
    watching both (action warn: the run goes on so that the curves show what follows), held-out
    gold scored every step (an eval-only domain graded by the rule: pass@1 = share of held-out
    replies that are right and short), checkpoints every 2 steps, the best checkpoint kept by
-   held-out score. Eval also scores the base model (step 0).
+   held-out score. Eval also scores the base model (step 0). The eval domain is graded by the
+   gold spec and evaluated every step, so the monitor pools its 256 held-out scores with the 128
+   trained samples' gold each step (`monitor.proxy_gold.heldout_domains: [auto]`).
 5. Prints the proxy and gold curves, the step where gold peaked (the peak of the 3-step moving
    average of held-out gold), the step where the monitor fired, and the held-out gold of the best
    checkpoint kept, each seed's lag (fire step - peak step); saves the plot of the first seed;
@@ -28,6 +30,13 @@ machine's floats make another trajectory, as another seed does (`benchmarks/prox
 shows how far the lag moves between draws, and why). A run of fewer steps is the same trajectory
 cut short (the learning rate does not depend on train.total_steps): `--steps 20` finds the same
 peaks and lags when they fall before step 20.
+
+Measured (docs/rewards.md, 2026-12-02, 2-core CPU, 40 steps, 7 min 42 s for five seeds): lags 4, 3,
+2, 5, 3 (`RESULT fire_minus_peak_max=5`, target not met on seeds 0 and 3); the trained samples'
+gold alone, replayed on the same runs, gives 5, 4, 3, 5, 3. Seed 3's held-out gold eases 0.453,
+0.422, 0.418, 0.406 after its peak, then falls 0.07-0.08 a step: over those three steps the
+monitor's smoothed gold fell 0.031, below min_gold_drop (0.05) and 1.5 standard errors, which no
+threshold that stays quiet on flat gold can call.
 """
 
 from __future__ import annotations
@@ -136,7 +145,8 @@ def plot(c: dict, peak: int, fired: int | None, kept: int | None, path: Path) ->
     ax.plot(list(c["proxy"]), list(c["proxy"].values()), label="proxy: reward model (train samples)")
     ax.plot(list(c["gold"]), list(c["gold"].values()), label="gold: the rule, held-out pass@1", marker=".")
     if c["train_gold"]:
-        ax.plot(list(c["train_gold"]), list(c["train_gold"].values()), ":", label="gold on train samples (3-step mean)")
+        ax.plot(list(c["train_gold"]), list(c["train_gold"].values()), ":",
+                label="gold the monitor pools: train samples + held-out (3-step mean)")
     ax.axvline(peak, color="green", linestyle="--", label=f"gold peak (3-step mean), step {peak}")
     if fired is not None:
         ax.axvline(fired, color="red", linestyle="--", label=f"proxy_gold monitor fired, step {fired}")
@@ -206,10 +216,10 @@ def report(run_dir: Path, held_n: int, seed: int, plot_to: Path | None) -> float
     kept = best["step"] if best else None
     best_seen = max(c["gold"].values())
     se = math.sqrt(best_seen * (1 - best_seen) / held_n)  # binomial SE of a held-out pass@1 (correlated samples: a floor)
-    print(f"seed {seed}\n{'step':>5}{'proxy':>9}{'gold (held-out)':>17}{'gold (train, monitor)':>23}")
+    print(f"seed {seed}\n{'step':>5}{'proxy':>9}{'gold (held-out)':>17}{'gold (monitor, pooled)':>24}")
     for s in sorted(c["gold"]):
         print(f"{s:>5}{c['proxy'].get(s, float('nan')):>9.3f}{c['gold'][s]:>17.3f}"
-              f"{c['train_gold'].get(s, float('nan')):>23.3f}")
+              f"{c['train_gold'].get(s, float('nan')):>24.3f}")
     print(f"seed {seed}: gold peak (3-step moving average, steps {peak - 2}..{peak}: centred on {peak - 1}): step {peak} "
           f"({peak_value:.3f}); best single step "
           f"{max(c['gold'], key=c['gold'].get)} ({best_seen:.3f}, SE {se:.3f})")

@@ -746,6 +746,17 @@ def generation_limits(cfg: Config, domain: str) -> tuple[int, tuple[str, ...]]:
     return d.max_new_tokens or cfg.train.max_new_tokens, tuple(d.stop)
 
 
+def gold_graded_eval_domains(cfg: Config) -> list[str]:
+    """The eval-only domains graded by a trained domain's gold scorer (`params.verifier` equal to a
+    `domains.NAME.gold`), when eval runs every step: what `auto` stands for in
+    `monitor.proxy_gold.heldout_domains`. Evaluated less often, a step's held-out gold would be
+    missing from most steps, and the monitor would judge only those with one."""
+    golds = {d.gold for d in cfg.domains.values() if d.gold}
+    if cfg.eval.every_steps != 1 or not golds:
+        return []
+    return [name for name, d in cfg.eval.domains.items() if d.params.get("verifier") in golds]
+
+
 def validate_pipeline(cfg: Config) -> None:
     p, r = cfg.pipeline, cfg.ray
     if r.max_sandbox_actors < r.sandbox_actors:

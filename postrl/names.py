@@ -27,6 +27,7 @@ from postrl.errors import ConfigError
 from postrl.evaluation import EVAL_AGGREGATES
 from postrl.monitor.alerts import ALERT_ACTIONS
 from postrl.monitor.monitors import MONITORS
+from postrl.monitor.settings import HELDOUT_AUTO
 from postrl.monitor.sinks import SINKS
 from postrl.registry import Registry
 from postrl.rewards.composite import TERMS  # from composite: its import registers the built-in terms
@@ -122,6 +123,29 @@ def tool_format_settings(cfg: Config, domain: str) -> Registry:
     return valid
 
 
+def heldout_gold_domains(cfg: Config) -> list[tuple[str, str, str]]:
+    """Each entry of `monitor.proxy_gold.heldout_domains`, keyed by its index."""
+    key = "monitor.proxy_gold.heldout_domains"
+    return [(f"{key}[{i}]", name, "") for i, name in enumerate(cfg.monitor.proxy_gold.heldout_domains)]
+
+
+class HeldoutGoldDomains:
+    """What `monitor.proxy_gold.heldout_domains` may name: `auto`, or an eval-only domain, read from an
+    eval of every step (eval.every_steps 1): evaluated less often, most steps would have no eval."""
+
+    def __init__(self, cfg: Config):
+        self.every_steps = cfg.eval.every_steps
+        self.valid = Registry("eval-only domain")
+        for name in (HELDOUT_AUTO, *cfg.eval.domains):
+            self.valid.add(name, None)
+
+    def check(self, name: str, key: str = "") -> None:
+        self.valid.check(name, key)
+        if name != HELDOUT_AUTO and self.every_steps != 1:
+            raise ConfigError(f"config key '{key}' = {name!r}: held-out gold is read from an eval of every step; "
+                              f"set eval.every_steps: 1 (now {self.every_steps})")
+
+
 def monitor_actions(cfg: Config) -> list[tuple[str, str, str]]:
     return [(f"monitor.{n}.action", getattr(cfg.monitor, n).action, n) for n in MONITORS.names()]
 
@@ -181,6 +205,7 @@ NAMED_KEYS: list[NamedKey] = [
     NamedKey("domains.NAME.tool_format", tool_format_settings, domain_tool_formats),
     NamedKey("monitor.NAME.action", lambda cfg, _: ALERT_ACTIONS, monitor_actions),
     NamedKey("monitor.sinks", lambda cfg, _: SINKS),
+    NamedKey("monitor.proxy_gold.heldout_domains", lambda cfg, _: HeldoutGoldDomains(cfg), heldout_gold_domains),
     NamedKey("pipeline.source", lambda cfg, _: RolloutSources()),
 ]
 

@@ -30,7 +30,7 @@ from postrl.abilities import Closeable, Finite, Stateful, WithGold
 from postrl.algo.kl_control import FixedKL, make_kl_controller
 from postrl.builtin_models import load_model, resolve_model_path
 from postrl.checkpoint import Checkpoint, CheckpointManager
-from postrl.config import Config, generation_limits, save_config
+from postrl.config import Config, generation_limits, gold_graded_eval_domains, save_config
 from postrl.curriculum.dynamic import FillResult
 from postrl.curriculum.sampler import TaskSampler
 from postrl.curriculum.schedule import make_schedule
@@ -139,6 +139,7 @@ class Run:
         )
         (self.dir / "eval").mkdir(exist_ok=True)
         (self.dir / "eval" / f"step_{step}.json").write_text(json.dumps(result, indent=1))
+        self.monitors.observe_eval(step, result)  # proxy_gold: held-out gold for the update of this step
         self.log(f"eval step {step}: " + "; ".join(f"{d}: {fmt_scores(r)}" for d, r in result.items()))
         scores = {d: float(r[e.best_metric]) for d, r in result.items() if e.best_metric in r}
         seesaw = seesaw_alerts(self.eval_best, scores, step, e.seesaw_drop, e.seesaw_action, e.best_metric)
@@ -239,7 +240,8 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
         cfg=cfg, dir=run_dir, domains=domains, policy=policy, learner=learner, sampler=sampler, schedule=schedule,
         kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon), engine=engine,
         store=RolloutStore(run_dir, run=cfg.run.name),
-        monitors=build_monitors(cfg.monitor, MonitorContext({n: d.reward for n, d in cfg.domains.items()})),
+        monitors=build_monitors(cfg.monitor, MonitorContext({n: d.reward for n, d in cfg.domains.items()},
+                                                            gold_graded_eval_domains(cfg))),
         ckpt=CheckpointManager(run_dir, keep_last=cfg.checkpoint.keep_last, log=log),
         progress=Progress(cfg.train.total_steps, enabled=cfg.run.progress), log=log, eval_domains=eval_domains,
     )

@@ -42,6 +42,8 @@ BAD_NAMES = {
     "domains.NAME.tool_format": ("domains.arith.tool_format=bogus_name", "domains.arith.tool_format"),
     "monitor.NAME.action": ("monitor.kl_spike.action=bogus_name", "monitor.kl_spike.action"),
     "monitor.sinks": ("monitor.sinks=[bogus_name]", "monitor.sinks"),
+    "monitor.proxy_gold.heldout_domains": ("monitor.proxy_gold.heldout_domains=[bogus_name]",
+                                           "monitor.proxy_gold.heldout_domains[0]"),
     "pipeline.source": ("pipeline.source=replay:/nonexistent", "pipeline.source"),
 }
 

@@ -3,18 +3,29 @@ the built-in verifiers, monitoring-only gold scores, and the proxy/gold over-opt
 
 from __future__ import annotations
 
+import doctest
 import json
+import math
 import random
 
 import pytest
+import torch
 import yaml
 from conftest import build_sample
 
+import postrl
+import postrl.evaluation as evaluation_module
+import postrl.monitor.monitors as monitors_module
 from postrl.cli import main
-from postrl.config import load_config
-from postrl.monitor.monitors import ProxyGold
+from postrl.config import gold_graded_eval_domains, load_config
+from postrl.errors import ConfigError
+from postrl.evaluation import reward_stats
+from postrl.monitor.monitors import MonitorContext, ProxyGold, pooled_mean
 from postrl.monitor.settings import ProxyGoldConfig
+from postrl.names import check_names
+from postrl.records import Score
 from postrl.rewards.scoring import score_samples
+from postrl.store.rollouts import read_rows
 from postrl.tasks.catalog import build_domains
 
 
@@ -190,9 +201,6 @@ def test_a_domains_gold_is_logged_beside_the_reward_and_never_trained_on(make_sa
     assert [s.reward for s in scores] == [s.reward for s in own]  # the trained reward is the domain's own
     assert scores[0].components["gold"] == 1.0 > scores[1].components["gold"] > 0
     domains["arith"].gold.close()
-    from postrl.errors import ConfigError
-    from postrl.names import check_names
-
     with pytest.raises(ConfigError, match="domains.arith.reward.gold"):
         check_names(load_config(None, ["domains.arith.gold=exact", "domains.arith.reward.gold=1.0"]))
 
@@ -243,6 +251,158 @@ def test_proxy_gold_monitor_skips_steps_without_gold_and_checkpoints_its_state()
     copy = ProxyGold(ProxyGoldConfig(), None)
     copy.load_state_dict(before)
     assert json.loads(json.dumps(copy.state_dict())) == before
+
+
+# ---------------------------------------------------------------------------- held-out gold, pooled in
+
+
+def _held(mean: float, sem: float, n: int, name: str = "held") -> dict:
+    """An eval result as `postrl.evaluation` writes it, for one eval-only domain."""
+    return {name: {"pass@1": mean, "reward_mean": mean, "reward_sem": sem, "n_scored": n}}
+
+
+def _bernoulli_step(monitor, step, rng, proxy, gold, held_gold=None, n=128, n_held=256):
+    """The eval of step N (n_held replies scored 0/1 at held_gold), then step N's n samples at `gold`."""
+    if held_gold is not None:
+        mean = sum(rng.random() < held_gold for _ in range(n_held)) / n_held
+        monitor.observe_eval(step, _held(mean, math.sqrt(mean * (1 - mean) / (n_held - 1)), n_held))
+    samples = [build_sample(reward=proxy, components={"rm": proxy, "gold": float(rng.random() < gold)})
+               for _ in range(n)]
+    return monitor.update(step, {}, samples)
+
+
+def test_held_out_gold_is_pooled_with_the_trained_samples_by_sample_count():
+    assert pooled_mean([(0.5, 0.002, 128), (0.25, 0.001, 256)]) == pytest.approx((1 / 3, 98.304 / 147456), rel=1e-12)
+    monitor = ProxyGold(ProxyGoldConfig(heldout_domains=["held"], smooth_steps=1), None)
+    monitor.observe_eval(0, _held(0.25, 0.1, 12))
+    monitor.update(0, {}, [build_sample(reward=0.9, components={"rm": 0.9, "gold": g}) for g in (1.0, 0.0, 1.0, 0.0)])
+    # trained: mean 0.5, sample variance 1/3, variance of the mean 1/12; held-out: 0.25, 0.1^2, 12 scores
+    # pooled: (4 x 0.5 + 12 x 0.25) / 16 = 0.3125; variance (4^2 / 12 + 12^2 x 0.01) / 16^2
+    assert monitor.values["monitor/gold"] == 0.3125
+    assert monitor.history[-1][2] == pytest.approx((16 / 12 + 1.44) / 256, rel=1e-12)
+    assert monitor.values["monitor/proxy"] == 0.9  # the proxy is the trained samples' alone
+
+
+def test_the_held_out_domains_auto_names_and_a_step_without_its_eval_is_skipped():
+    ctx = MonitorContext(gold_heldout=["g1", "g2"])
+    assert ProxyGold(ProxyGoldConfig(heldout_domains=["auto", "g1", "x"]), ctx).heldout == ["g1", "g2", "x"]
+    assert ProxyGold(ProxyGoldConfig(), None).heldout == []  # auto, and nothing graded by the gold
+    monitor = ProxyGold(ProxyGoldConfig(heldout_domains=["held"], smooth_steps=1), None)
+    samples = [build_sample(reward=0.5, components={"rm": 0.5, "gold": 1.0})] * 4
+    assert monitor.update(0, {}, samples) == [] and not monitor.history  # no eval (step 0 without at_start)
+    monitor.observe_eval(1, _held(0.5, 0.05, 8))
+    monitor.update(2, {}, samples)
+    assert not monitor.history  # the eval of step 1 is no evidence for step 2
+    monitor.observe_eval(2, {"held": {"reward_mean": 0.0, "reward_sem": 0.0, "n_scored": 0}})
+    monitor.update(2, {}, samples)
+    assert not monitor.history  # an eval that graded nothing: missing too
+    monitor.observe_eval(3, _held(0.5, 0.05, 4))
+    monitor.update(3, {}, samples)
+    assert monitor.values["monitor/gold"] == 0.75 and monitor.pending is None  # (4 x 1 + 4 x 0.5) / 8, used once
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_held_out_gold_at_another_level_stays_quiet_on_flat_gold(seed):
+    rng = random.Random(seed)
+    monitor = ProxyGold(ProxyGoldConfig(heldout_domains=["held"]), None)
+    for s in range(100):  # trained gold 0.6, held-out 0.35: the pooled level is constant, (128 x 0.6 + 256 x 0.35) / 384
+        assert _bernoulli_step(monitor, s, rng, 0.5 + rng.uniform(-0.1, 0.1), 0.6, 0.35) == [], s
+        assert abs(monitor.values.get("monitor/gold", 0.4333) - 0.4333) < 0.05
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_held_out_gold_brings_the_alert_within_3_steps_of_a_falling_golds_peak(seed):
+    """Gold rises 0.27 -> 0.46 over steps 0-4, then falls 0.05 a step (its 3-step trailing mean peaks at step
+    5), the proxy rising all along: the monitor that also reads 256 held-out scores a step fires 2-3
+    steps after the peak on every seed (trained samples alone: 2-6, benchmarks/proxy_gold_lag.py)."""
+    gold = [0.27 + 0.0475 * s if s <= 4 else 0.46 - 0.05 * (s - 4) for s in range(14)]
+    fired = {}
+    for heldout in (True, False):
+        rng = random.Random(seed)
+        monitor = ProxyGold(ProxyGoldConfig(action="rollback", heldout_domains=["held"] if heldout else []), None)
+        alerts = [(s, a) for s in range(14) for a in _bernoulli_step(monitor, s, rng, 0.3 + 0.03 * s, gold[s], gold[s])]
+        assert len(alerts) == 1  # quiet while the condition lasts
+        fired[heldout] = alerts[0]
+    step, alert = fired[True]
+    assert 7 <= step <= 8 and 4 <= alert.data["rollback_step"] <= 6
+    assert "384 gold scores a step" in alert.message
+    assert fired[False][0] >= step
+
+
+def test_proxy_gold_checkpoints_the_eval_it_holds_for_the_next_step():
+    rng = random.Random(0)
+    monitor = ProxyGold(ProxyGoldConfig(heldout_domains=["held"]), None)
+    for s in range(6):
+        _bernoulli_step(monitor, s, rng, 0.3 + 0.03 * s, 0.5, 0.4)
+    monitor.observe_eval(6, _held(0.3, 0.03, 256))  # a checkpoint of step 6 is written here
+    state = json.loads(json.dumps(monitor.state_dict()))
+    assert state["pending"] == [6, [[0.3, 0.03**2, 256]]]
+    copy = ProxyGold(ProxyGoldConfig(heldout_domains=["held"]), None)
+    copy.load_state_dict(state)
+    samples = [build_sample(reward=0.6, components={"rm": 0.6, "gold": float(i % 2)}) for i in range(128)]
+    assert copy.update(6, {}, samples) == monitor.update(6, {}, samples)
+    assert copy.values == monitor.values and copy.state_dict() == monitor.state_dict()
+    old = {k: v for k, v in state.items() if k != "pending"}  # a checkpoint written before held-out gold
+    ProxyGold(ProxyGoldConfig(), None).load_state_dict(old)
+
+
+def test_held_out_domains_are_checked_and_auto_finds_the_eval_domains_graded_by_the_gold():
+    gold = "python:postrl.rewards.models.concise:concise"
+    held = {"type": "dataset", "params": {"path": "h.jsonl", "prompt": "{q}", "verifier": gold}}
+    domains = f"eval.domains={{held: {json.dumps(held)}, other: {{type: sort}}}}"
+    cfg = load_config(None, [f"domains.arith.gold={gold}", domains, "eval.every_steps=1"])
+    assert gold_graded_eval_domains(cfg) == ["held"]
+    assert gold_graded_eval_domains(load_config(None, [f"domains.arith.gold={gold}", domains])) == []  # not every step
+    assert gold_graded_eval_domains(load_config(None, [domains, "eval.every_steps=1"])) == []  # no gold
+    with pytest.raises(ConfigError, match=r"'monitor.proxy_gold.heldout_domains\[0\]' = 'sorting'"):
+        check_names(load_config(None, [domains, "eval.every_steps=1", "monitor.proxy_gold.heldout_domains=[sorting]"]))
+    with pytest.raises(ConfigError, match=r"heldout_domains\[1\]' = 'held': .* set eval.every_steps: 1 \(now 0\)"):
+        check_names(load_config(None, [domains, "monitor.proxy_gold.heldout_domains=[auto, held]"]))
+
+
+def test_a_run_pools_the_held_out_gold_of_its_eval_domain_graded_by_the_gold(tiny_model_dir, tmp_path):
+    """End to end: `auto` finds the eval-only domain graded by the gold spec; each step's monitor/gold is
+    the trained samples' gold (the rollout store) pooled with that step's eval (eval/step_N.json); a
+    checkpoint of step N holds the eval of step N for the update that follows it."""
+    rows = [{"q": f"{a}+{b}=", "answer": str(a + b)} for a, b in SUMS + [(a, a + 1) for a in range(10, 50)]]
+    train, held = _jsonl(tmp_path / "train.jsonl", rows), _jsonl(tmp_path / "held.jsonl", rows[:4])
+    gold = "python:postrl.rewards.models.concise:concise"
+    data = {"path": str(train), "prompt": "{q}", "answer": "answer"}
+    run_dir = postrl.train({
+        "model": {"name": str(tiny_model_dir)},
+        "domains": {"sums": {"type": "dataset", "gold": gold, "params": {**data, "verifier": "exact",
+                                                                          "heldout_percent": 10}}},
+        "train": {"total_steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4, "max_new_tokens": 6},
+        "eval": {"every_steps": 1, "at_start": True, "k": [1], "samples_per_problem": 2, "num_problems": 4, "domains": {
+            "held": {"type": "dataset", "params": {**data, "heldout_path": str(held), "heldout_percent": 0,
+                                                   "verifier": gold}}}},
+        "checkpoint": {"every_steps": 1, "keep_last": 3},
+        "monitor": {"proxy_gold": {"smooth_steps": 1}, "spot_check_every_steps": 0, "sinks": []},
+        "run": {"dir": str(tmp_path / "run"), "progress": False},
+    }, log=lambda *a: None)
+    metrics = {m["step"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    for step in (0, 1):
+        golds = [r.reward_components["gold"] for r in read_rows(run_dir, [step]) if "gold" in r.reward_components]
+        ev = json.loads((run_dir / "eval" / f"step_{step}.json").read_text())["held"]
+        assert len(golds) == 16 and ev["n_scored"] == 8
+        pooled = (sum(golds) + ev["reward_mean"] * ev["n_scored"]) / (len(golds) + ev["n_scored"])
+        assert metrics[step]["monitor/gold"] == pytest.approx(pooled, rel=1e-12)
+    state = torch.load(run_dir / "checkpoints" / "step_00000001" / "state.pt", weights_only=False)
+    ev = json.loads((run_dir / "eval" / "step_1.json").read_text())["held"]
+    assert state["monitors"]["proxy_gold"]["pending"] == [1, [(ev["reward_mean"], ev["reward_sem"] ** 2, 8)]]
+
+
+def test_the_docstring_examples_of_pooled_gold_and_eval_rewards_hold():
+    for module in (monitors_module, evaluation_module):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_an_eval_reports_the_mean_reward_of_its_graded_replies():
+    stats = reward_stats([Score(1.0, True), Score(0.5, False), Score(0.0, False), Score(0.0, None, "timeout")])
+    # mean 0.5 over the 3 graded; sample variance (0.25 + 0 + 0.25) / 2 = 0.25; standard error sqrt(0.25 / 3)
+    assert stats == {"reward_mean": 0.5, "reward_sem": math.sqrt(0.25 / 3), "n_scored": 3}
+    assert reward_stats([Score(0.0, None, "error")]) == {"reward_mean": 0.0, "reward_sem": 0.0, "n_scored": 0}
 
 
 def test_gold_drop_without_a_proxy_rise_is_not_over_optimisation():

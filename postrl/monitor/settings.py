@@ -180,6 +180,10 @@ class ToolErrorsConfig:
     """...over this many steps with tool calls."""
 
 
+HELDOUT_AUTO = "auto"
+"""In `monitor.proxy_gold.heldout_domains`: every eval-only domain graded by a trained domain's gold."""
+
+
 @dataclass
 class ProxyGoldConfig:
     enabled: bool = True
@@ -187,11 +191,19 @@ class ProxyGoldConfig:
     (`domains.NAME.gold`): reward-model over-optimisation. Skips steps with no gold scores."""
     action: str = "warn"
     """warn | stop | rollback."""
+    heldout_domains: list[str] = field(default_factory=lambda: [HELDOUT_AUTO])
+    """Eval-only domains (`eval.domains`) whose held-out gold joins each step's gold evidence, pooled
+    with the trained samples' by sample count (64 problems x 4 samples add 256 scores to 128): `auto`
+    = every one graded by a trained domain's gold spec (`params.verifier` equal to `domains.NAME.gold`)
+    when eval.every_steps is 1; [] = the trained samples only. A named one needs eval.every_steps 1
+    (a one-line error otherwise). A step whose eval is missing is skipped, not judged on the trained
+    samples alone, whose gold may sit at another level."""
     smooth_steps: int = 3
     """Both series are compared as moving averages over this many steps."""
     min_gold_drop: float = 0.05
     """Fire when smoothed gold falls this far below its best so far (and more than noise_z standard
-    errors of the two smoothed values, from the spread of gold over each step's samples) ..."""
+    errors of the two smoothed values, from the spread of gold over each step's samples and the
+    held-out evals' standard errors) ..."""
     noise_z: float = 4.0
     """How many standard errors a drop must exceed to count as more than sampling noise."""
     min_proxy_rise: float = 0.0
