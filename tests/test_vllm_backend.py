@@ -263,5 +263,8 @@ def test_ray_rollout_actors_sample_with_vllm(model_dir, tmp_path):
     finally:
         ray.shutdown()
     m = metrics(tmp_path / "run")
-    assert [x["step"] for x in m] == [0, 1, 2] and all(x["time/sync_s"] > 1e-3 for x in m)
-    assert len(read_rows(tmp_path / "run")) == 3 * 64
+    # at staleness 1 steps 0 and 1 are sampled with version 0 (one sync), step 2 with step 0's update
+    assert [x["step"] for x in m] == [0, 1, 2] and m[0]["time/sync_s"] > 1e-3 and m[2]["time/sync_s"] > 1e-3
+    assert m[0]["mismatch/tokens"] > 0 and m[0]["mismatch/logp_abs_diff_max"] < TOL  # step 0: fresh rows
+    rows = read_rows(tmp_path / "run")
+    assert len(rows) == 3 * 64 and [r.policy_version for r in rows[128:]] == [2] * 64

@@ -303,7 +303,8 @@ class Learner:
         return micro_batches(mb, attention_mask, self.micro_batch_size, self.train_cfg.max_tokens_per_microbatch,
                              self.train_cfg.pack_sequences)
 
-    def _micro_loss(self, batch: Batch, rows: torch.Tensor, kl_coef: float, sample_entropy, probe: _Probe | None):
+    def _micro_loss(self, batch: Batch, rows: torch.Tensor, kl_coef: float, sample_entropy,
+                    probe: _Probe | None = None):
         """(loss, its terms as floats) of `rows`, aggregated over these rows only (the caller
         reweights them); `probe` keeps the learner's log-probs of them."""
         rl = self.rl
