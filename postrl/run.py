@@ -54,6 +54,7 @@ from postrl.names import check_names
 from postrl.records import Sample
 from postrl.rewards.checks.reward_check import check_gates
 from postrl.run_dir import make_run_dir
+from postrl.sampling.backends import check_model
 from postrl.sampling.policy import Policy
 from postrl.seeding import seed_everything, set_threads
 from postrl.store.rollouts import RolloutStore
@@ -224,6 +225,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     model, tok = load_model(cfg.model.name, cfg.model.dtype, log=log)
     model = apply_lora(model, cfg.model.lora)  # unchanged unless model.lora.r > 0
     model = model.to(device)  # sampler, learner and reference share this device; tensors are made on it
+    check_model(cfg.rollout, model)  # a backend that cannot sample from it (vLLM: architecture, head size)
     run_dir = make_run_dir(cfg, resume, log)
     save_config(cfg, run_dir / "config.yaml")
     policy = Policy(model, tok, rollout=cfg.rollout)

@@ -28,6 +28,8 @@ def step_metrics(step: int) -> dict[str, float]:
         "loss": math.nan if step == 1 else 0.5, "pg_loss": 0.4, "grad_norm": 1.1, "lr": 1e-4,
         "verifier/unverified": 0.0,
         "monitor/format_share": 0.1,
+        "mismatch/logp_abs_diff_mean": 1e-6, "mismatch/logp_abs_diff_max": 4e-5, "mismatch/kl_k3": 0.0,
+        "rollout_correction/weight_mean": 1.0, "rollout_correction/masked_frac": 0.0,
     }
     for i, d in enumerate(DOMAINS):
         m |= {f"reward/{d}": 0.2 * i + 0.1 * step, f"pass_rate/{d}": 0.1 * i + 0.1 * step,

@@ -169,6 +169,16 @@ def test_a_missing_or_untested_vllm_is_one_config_error_before_anything_is_made(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_model_vllm_cannot_run_is_one_config_error_before_the_run_directory(tiny_model_dir, tmp_path):
+    """The suite's usual tiny model has head size 16, which vLLM-CPU's attention has no kernel for."""
+    cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", "rollout.backend=vllm",
+                                               f"run.dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=r"^config key 'rollout.backend' = 'vllm': vLLM's CPU attention has no "
+                                          r"kernel for this model's head size 16 \(it has \[32, "):
+        train(cfg, log=lambda *a: None)
+    assert not (tmp_path / "run").exists()
+
+
 ARGS = ["domains.arith.params.levels=[1]", "domains.arith.params.require_carry=false", "train.prompts_per_step=8",
         "train.samples_per_prompt=8", "train.lr=3e-3", "rollout.backend=vllm", "eval.every_steps=0",
         "run.progress=false", "monitor.spot_check_every_steps=0"]

@@ -72,6 +72,10 @@ class BackendFacts:
     problem: Callable[[], str] | None = None
     """'' when the backend can run here, else why not in one line (its library missing, a version
     it is not tested with): `check_names` asks before a run directory is made or a model loaded."""
+    model_problem: Callable[[Any], str] | None = None
+    """'' when the backend can sample from this model, else why not in one line (an architecture or
+    head size it has no kernel for): `check_model` asks once the model is loaded, before a run
+    directory is made."""
 
 
 SAMPLING_BACKENDS = Registry("sampling backend", key="rollout.backend", facts=BackendFacts)
@@ -107,7 +111,13 @@ def vllm_problem() -> str:
     return vllm_problem()
 
 
-@SAMPLING_BACKENDS.register("vllm", learner_numerics=False, problem=vllm_problem)
+def vllm_model_problem(model) -> str:
+    from postrl.sampling.vllm_backend import vllm_model_problem
+
+    return vllm_model_problem(model)
+
+
+@SAMPLING_BACKENDS.register("vllm", learner_numerics=False, problem=vllm_problem, model_problem=vllm_model_problem)
 def vllm_backend(model, tokenizer, cfg: RolloutConfig) -> SamplingBackend:
     """vLLM's engine (`postrl.sampling.vllm_backend`), imported only when chosen."""
     from postrl.sampling.vllm_backend import VllmBackend
@@ -118,6 +128,14 @@ def vllm_backend(model, tokenizer, cfg: RolloutConfig) -> SamplingBackend:
 def backend_factory(name: str) -> Callable[[Any, Any, RolloutConfig], SamplingBackend]:
     """The registered factory of backend `name`; ConfigError naming `rollout.backend` if none."""
     return SAMPLING_BACKENDS.get(name)
+
+
+def check_model(cfg: RolloutConfig, model) -> None:
+    """ConfigError naming `rollout.backend` if its backend cannot sample from `model`."""
+    check = SAMPLING_BACKENDS.facts(cfg.backend, key="rollout.backend").model_problem
+    why = check(model) if check is not None else ""
+    if why:
+        raise ConfigError(f"config key 'rollout.backend' = {cfg.backend!r}: {why}")
 
 
 def make_backend(cfg: RolloutConfig, model, tokenizer) -> SamplingBackend:

@@ -62,6 +62,25 @@ def vllm_problem() -> str:
     return ""
 
 
+def vllm_model_problem(model) -> str:
+    """'' when vLLM can run `model` here, else why not in one line: an architecture vLLM has no
+    implementation of, or (on CPU) a head size its CPU attention has no kernel for."""
+    from vllm import ModelRegistry
+
+    config = (model.get_base_model() if is_lora(model) else model).config
+    archs = list(getattr(config, "architectures", None) or [])
+    if not set(archs) & set(ModelRegistry.get_supported_archs()):
+        return f"vLLM has no implementation of this model ({', '.join(archs) or config.model_type})"
+    if not any(p.is_cuda for p in model.parameters()):
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in sizes:
+            return f"vLLM's CPU attention has no kernel for this model's head size {head} (it has {sizes})"
+    return ""
+
+
 def check_vllm() -> None:
     problem = vllm_problem()
     if problem:
@@ -73,6 +92,9 @@ class VllmBackend:
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig):
         check_vllm()
+        problem = vllm_model_problem(model)
+        if problem:
+            raise ConfigError(f"config key 'rollout.backend' = 'vllm': {problem}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         v = cfg.vllm
         cuda = any(p.is_cuda for p in model.parameters())
