@@ -1,7 +1,7 @@
 """postrl's own sampling engine against vLLM (`rollout.backend: vllm`), side by side in one run, on
 SmolLM2-135M-Instruct (full weights and LoRA), training the same recipe for the same steps.
 
-    nice .venv/bin/python benchmarks/vllm_rollouts.py [--steps 4] [--prompts 8] [--samples 8] [--arms ...]
+    nice .venv/bin/python benchmarks/vllm_rollouts.py [--steps 5] [--prompts 8] [--samples 8] [--arms ...]
 
 Each arm is one `postrl train` of `recipes/smollm2-arith.yaml` (chat arithmetic, 16 new tokens,
 T=0.7) for `--steps` steps, in its own process (one engine each), with the same seed. From each
@@ -72,7 +72,7 @@ def run_arm(name: str, work: Path, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=5)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)

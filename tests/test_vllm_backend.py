@@ -179,6 +179,17 @@ def test_a_model_vllm_cannot_run_is_one_config_error_before_the_run_directory(ti
     assert not (tmp_path / "run").exists()
 
 
+def test_a_model_whose_config_names_no_architecture_is_checked_by_its_class(pair, monkeypatch):
+    """A model loaded from GGUF (SmolLM2's) has no `architectures` in its config: its class names it."""
+    from postrl.sampling.vllm_backend import vllm_model_problem
+
+    model = pair[0].model
+    monkeypatch.setattr(model.config, "architectures", None)
+    assert vllm_model_problem(model) == ""
+    monkeypatch.setattr(type(model), "__name__", "NoSuchForCausalLM")
+    assert vllm_model_problem(model) == "vLLM has no implementation of this model (NoSuchForCausalLM)"
+
+
 ARGS = ["domains.arith.params.levels=[1]", "domains.arith.params.require_carry=false", "train.prompts_per_step=8",
         "train.samples_per_prompt=8", "train.lr=3e-3", "rollout.backend=vllm", "eval.every_steps=0",
         "run.progress=false", "monitor.spot_check_every_steps=0"]

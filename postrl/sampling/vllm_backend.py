@@ -67,10 +67,11 @@ def vllm_model_problem(model) -> str:
     implementation of, or (on CPU) a head size its CPU attention has no kernel for."""
     from vllm import ModelRegistry
 
-    config = (model.get_base_model() if is_lora(model) else model).config
-    archs = list(getattr(config, "architectures", None) or [])
+    base = model.get_base_model() if is_lora(model) else model
+    config = base.config
+    archs = list(getattr(config, "architectures", None) or [type(base).__name__])  # a GGUF load names none
     if not set(archs) & set(ModelRegistry.get_supported_archs()):
-        return f"vLLM has no implementation of this model ({', '.join(archs) or config.model_type})"
+        return f"vLLM has no implementation of this model ({', '.join(archs)})"
     if not any(p.is_cuda for p in model.parameters()):
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
