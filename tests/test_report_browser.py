@@ -48,7 +48,9 @@ def make_run(root: Path, name: str, offset: float, lr: str) -> Path:
              "kl/max": 0.03 * step, "kl/coef": 0.01, "entropy": 1.2 - 0.05 * step - offset,
              "response_len/mean": 10.0 + step, "clip_frac": 0.02, "tokens_per_s": 800.0 + step,
              "time/sample_s": 1.0, "time/reward_s": 0.2, "time/update_s": 0.7, "loss": 0.5, "pg_loss": 0.4,
-             "grad_norm": 1.0, "lr": 1e-4, "verifier/unverified": 0.0, "monitor/format_share": 0.1}
+             "grad_norm": 1.0, "lr": 1e-4, "verifier/unverified": 0.0, "monitor/format_share": 0.1,
+             "mismatch/logp_abs_diff_mean": 1e-6, "mismatch/logp_abs_diff_max": 4e-5, "mismatch/kl_k3": 0.0,
+             "rollout_correction/weight_mean": 1.0}
         for i, d in enumerate(DOMAINS):
             m |= {f"reward/{d}": offset + 0.1 * i, f"pass_rate/{d}": offset + 0.05 * step * (i + 1),
                   f"entropy/{d}": 1.0, f"curriculum/weight/{d}": 0.5, f"batch/{d}": 0.5}
