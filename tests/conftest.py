@@ -91,7 +91,7 @@ def pytest_unconfigure(config):
 RAY_FILES = ("test_ray.py", "test_ray_fleet.py")  # each starts a Ray cluster of its own
 # the files that take longest (minutes, most of it in a few tests), handed out first so that no
 # worker starts one when the other is nearly done
-SLOW_FILES = (*RAY_FILES, "test_vllm_backend.py", "test_processes.py", "test_docs.py", "test_learners.py", "test_resume.py",
+SLOW_FILES = (*RAY_FILES, "test_processes.py", "test_docs.py", "test_learners.py", "test_resume.py",
               "test_async.py", "test_wheel.py")
 
 
