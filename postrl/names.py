@@ -34,7 +34,7 @@ from postrl.rewards.composite import TERMS  # from composite: its import registe
 from postrl.rewards.extract import ExtractorNames
 from postrl.rewards.terms import OWN_REWARD
 from postrl.rewards.verifiers import VerifierNames
-from postrl.sampling.backends import SAMPLING_BACKENDS
+from postrl.sampling.backends import SAMPLING_BACKENDS, check_backend
 from postrl.store.rollouts import shard_steps
 from postrl.tasks.catalog import DOMAINS  # its import registers the built-in domains and verifiers
 from postrl.tools.base import TOOLS  # the built-in tools are registered by the catalog's import (tasks.env)
@@ -178,11 +178,7 @@ class SamplingBackends:
     """`rollout.backend`: a registered backend that can run here (`BackendFacts.problem`)."""
 
     def check(self, name: str, key: str = "") -> None:
-        SAMPLING_BACKENDS.check(name, key)
-        problem = SAMPLING_BACKENDS.facts(name).problem
-        why = problem() if problem is not None else ""
-        if why:
-            raise ConfigError(f"config key '{key}' = {name!r}: {why}")
+        check_backend(name, key or SAMPLING_BACKENDS.key)
 
 
 NAMED_KEYS: list[NamedKey] = [

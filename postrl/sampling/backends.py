@@ -130,12 +130,21 @@ def backend_factory(name: str) -> Callable[[Any, Any, RolloutConfig], SamplingBa
     return SAMPLING_BACKENDS.get(name)
 
 
+def check_backend(name: str, key: str = "rollout.backend") -> None:
+    """ConfigError naming `key` if backend `name` is not registered or cannot run here (`problem`)."""
+    problem = SAMPLING_BACKENDS.facts(name, key=key).problem
+    _refuse(name, key, problem() if problem is not None else "")
+
+
 def check_model(cfg: RolloutConfig, model) -> None:
-    """ConfigError naming `rollout.backend` if its backend cannot sample from `model`."""
+    """ConfigError naming `rollout.backend` if its backend cannot sample from `model` (`model_problem`)."""
     check = SAMPLING_BACKENDS.facts(cfg.backend, key="rollout.backend").model_problem
-    why = check(model) if check is not None else ""
+    _refuse(cfg.backend, "rollout.backend", check(model) if check is not None else "")
+
+
+def _refuse(name: str, key: str, why: str) -> None:
     if why:
-        raise ConfigError(f"config key 'rollout.backend' = {cfg.backend!r}: {why}")
+        raise ConfigError(f"config key '{key}' = {name!r}: {why}")
 
 
 def make_backend(cfg: RolloutConfig, model, tokenizer) -> SamplingBackend:

@@ -41,6 +41,7 @@ import torch
 from postrl.config import RolloutConfig
 from postrl.errors import ConfigError
 from postrl.model.lora import is_lora, merged_weights
+from postrl.sampling.backends import check_model
 from postrl.sampling.generate import Generation, GenParams
 
 TESTED = ((0, 16), (0, 33))
@@ -93,9 +94,7 @@ class VllmBackend:
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig):
         check_vllm()
-        problem = vllm_model_problem(model)
-        if problem:
-            raise ConfigError(f"config key 'rollout.backend' = 'vllm': {problem}")
+        check_model(cfg, model)  # also asked by open_run; here for engines built elsewhere (Ray actors, API)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         v = cfg.vllm
         cuda = any(p.is_cuda for p in model.parameters())
