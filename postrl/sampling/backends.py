@@ -148,8 +148,12 @@ def _refuse(name: str, key: str, why: str) -> None:
 
 
 def make_backend(cfg: RolloutConfig, model, tokenizer) -> SamplingBackend:
-    """Build backend `cfg.backend` on `model`; what its factory returns is checked here, once."""
+    """Build backend `cfg.backend` on `model`: whether it can run here and sample from this model is
+    asked first (also asked by `open_run`, before a run directory; here for engines built elsewhere:
+    sampler processes, Ray actors, the Python API), what its factory returns is checked after."""
     name = cfg.backend
+    check_backend(name)
+    check_model(cfg, model)
     backend = backend_factory(name)(model, tokenizer, cfg)
     if not isinstance(backend, SamplingBackend):
         raise ConfigError(f"config key 'rollout.backend' = {name!r}: {type(backend).__name__} is not a sampling "

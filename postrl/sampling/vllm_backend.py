@@ -1,6 +1,6 @@
 """`rollout.backend: vllm`: sampling on vLLM's engine, in the process that samples.
 
-    backend = VllmBackend(model, tokenizer, RolloutConfig(backend="vllm"))
+    backend = make_backend(RolloutConfig(backend="vllm"), model, tokenizer)   # postrl.sampling.backends
     backend.load_weights(3)                      # the model's weights copied into the engine, one call
     gens = backend.generate(prompts, GenParams(max_new_tokens=64), generator)
 
@@ -41,7 +41,6 @@ import torch
 from postrl.config import RolloutConfig
 from postrl.errors import ConfigError
 from postrl.model.lora import is_lora, merged_weights
-from postrl.sampling.backends import check_model
 from postrl.sampling.generate import Generation, GenParams
 
 TESTED = ((0, 16), (0, 33))
@@ -94,7 +93,6 @@ class VllmBackend:
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig):
         check_vllm()
-        check_model(cfg, model)  # also asked by open_run; here for engines built elsewhere (Ray actors, API)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         v = cfg.vllm
         cuda = any(p.is_cuda for p in model.parameters())
