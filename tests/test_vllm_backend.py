@@ -46,10 +46,34 @@ def model_dir(head32_model_dir):
 
 
 @pytest.fixture(scope="module")
-def pair(model_dir):
+def before_engine():
+    """This process's torch threads, their setter and environment before the module's engine starts."""
+    return torch.get_num_threads(), torch.set_num_threads, dict(os.environ)
+
+
+@pytest.fixture(scope="module")
+def pair(model_dir, before_engine):
     """One model object sampled by both backends (the vLLM engine is built once for the module)."""
     model, tok = load_model(str(model_dir), log=lambda *a: None)
-    return Policy(model, tok, rollout=VLLM), Policy(model, tok)
+    vllm = Policy(model, tok, rollout=VLLM)
+    assert isinstance(vllm.backend, VllmBackend)  # the engine starts here
+    return vllm, Policy(model, tok)
+
+
+def test_the_engine_leaves_this_processs_threads_and_environment_as_they_were(pair, before_engine):
+    """vLLM's CPU worker replaces torch.set_num_threads with a no-op process-wide and sets LD_PRELOAD
+    (its tcmalloc) for processes it would start; the backend undoes both, so that the learner sets
+    its threads and this process's children start with the same libraries as before."""
+    threads, set_threads, env = before_engine
+    assert torch.set_num_threads is set_threads and torch.get_num_threads() == threads
+    torch.set_num_threads(1)
+    try:
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    # LD_PRELOAD is what would change a child process's kernels; vLLM's lazy imports while sampling
+    # still set others (LD_LIBRARY_PATH, which a running process does not re-read, AITER_*)
+    assert os.environ.get("LD_PRELOAD") == env.get("LD_PRELOAD")
 
 
 def recomputed(model, samples) -> list[list[float]]:

@@ -88,10 +88,28 @@ def check_vllm() -> None:
         raise ConfigError(f"config key 'rollout.backend' = 'vllm': {problem}")
 
 
+def _keep_process_state(threads: int, set_threads: Callable[[int], None], env: dict[str, str]) -> None:
+    """Undo what importing and starting vLLM's CPU engine changed in this process beyond the engine: it replaces
+    `torch.set_num_threads` with a no-op process-wide (its worker pins threads, and then refuses every
+    later call: the learner's, a test's), may change the thread count, and sets variables for the
+    processes it would start (LD_PRELOAD of its tcmalloc and torch's libgomp, LOCAL_WORLD_SIZE,
+    NUMEXPR_MAX_THREADS, TORCHINDUCTOR_*; at import LD_LIBRARY_PATH), which this process's own
+    children (sampler processes, reward workers, sandboxes) would inherit. vLLM's own variables (VLLM_*) stay: it reads them."""
+    torch.set_num_threads = set_threads
+    torch.set_num_threads(threads)
+    for name in set(os.environ) - set(env):
+        if not name.startswith("VLLM_"):
+            del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value and not name.startswith("VLLM_"):
+            os.environ[name] = value
+
+
 class VllmBackend:
     """vLLM's `LLM` on the policy model's architecture, weights synced from the model object."""
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig):
+        set_threads, env = torch.set_num_threads, dict(os.environ)  # before vLLM's imports set variables too
         check_vllm()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         v = cfg.vllm
@@ -117,7 +135,7 @@ class VllmBackend:
             # Generator does not use offset"); every prompt then prefills in one step
             enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, 2048),
         )
-        torch.set_num_threads(threads)  # the engine's start may change this process's torch threads
+        _keep_process_state(threads, set_threads, env)
         self.version: int | None = None
 
     def load_weights(self, version: int) -> None:
