@@ -26,7 +26,7 @@ softmax(logits / temperature), the quantity postrl's learner recomputes), never 
 - The sync's seconds are timed by `Policy` (every backend's), carried on the samples
   (`timings["sync_s"]`) and logged as `time/sync_s`.
 
-vLLM is imported on first use, and its version checked (`check_vllm`): choosing another backend
+vLLM is imported on first use, its version checked by `make_backend` (`vllm_problem`): choosing another backend
 never loads it.
 """
 
@@ -39,7 +39,6 @@ from collections.abc import Callable
 import torch
 
 from postrl.config import RolloutConfig
-from postrl.errors import ConfigError
 from postrl.model.lora import is_lora, merged_weights
 from postrl.sampling.generate import Generation, GenParams
 
@@ -82,35 +81,29 @@ def vllm_model_problem(model) -> str:
     return ""
 
 
-def check_vllm() -> None:
-    problem = vllm_problem()
-    if problem:
-        raise ConfigError(f"config key 'rollout.backend' = 'vllm': {problem}")
-
-
 def _keep_process_state(threads: int, set_threads: Callable[[int], None], env: dict[str, str]) -> None:
-    """Undo what importing and starting vLLM's CPU engine changed in this process beyond the engine: it replaces
-    `torch.set_num_threads` with a no-op process-wide (its worker pins threads, and then refuses every
-    later call: the learner's, a test's), may change the thread count, and sets variables for the
-    processes it would start (LD_PRELOAD of its tcmalloc and torch's libgomp, LOCAL_WORLD_SIZE,
-    NUMEXPR_MAX_THREADS, TORCHINDUCTOR_*; at import LD_LIBRARY_PATH), which this process's own
-    children (sampler processes, reward workers, sandboxes) would inherit. vLLM's own variables (VLLM_*) stay: it reads them."""
+    """Undo what importing and starting vLLM's CPU engine changed in this process beyond the engine:
+    it replaces `torch.set_num_threads` with a no-op process-wide (its worker pins threads, and then
+    refuses every later call: the learner's, a test's), may change the thread count, and sets
+    variables for the processes it would start (LD_PRELOAD of its tcmalloc and torch's libgomp,
+    LOCAL_WORLD_SIZE, NUMEXPR_MAX_THREADS, TORCHINDUCTOR_*; at import LD_LIBRARY_PATH), which this
+    process's own children (sampler processes, reward workers, sandboxes) would inherit. vLLM's own
+    variables (VLLM_*) stay: it reads them."""
     torch.set_num_threads = set_threads
     torch.set_num_threads(threads)
-    for name in set(os.environ) - set(env):
-        if not name.startswith("VLLM_"):
+    for name in (set(os.environ) | set(env)) - {n for n in os.environ if n.startswith("VLLM_")}:
+        if name not in env:
             del os.environ[name]
-    for name, value in env.items():
-        if os.environ.get(name) != value and not name.startswith("VLLM_"):
-            os.environ[name] = value
+        elif os.environ.get(name) != env[name]:
+            os.environ[name] = env[name]
 
 
 class VllmBackend:
     """vLLM's `LLM` on the policy model's architecture, weights synced from the model object."""
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig):
-        set_threads, env = torch.set_num_threads, dict(os.environ)  # before vLLM's imports set variables too
-        check_vllm()
+        # before vLLM's imports set variables too; whether vLLM can run here make_backend has asked
+        threads, set_threads, env = torch.get_num_threads(), torch.set_num_threads, dict(os.environ)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         v = cfg.vllm
         cuda = any(p.is_cuda for p in model.parameters())
@@ -124,7 +117,6 @@ class VllmBackend:
         self._dir = tempfile.TemporaryDirectory(prefix="postrl-vllm-")
         base.config.save_pretrained(self._dir.name)  # architecture only: the weights come by load_weights
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if v.dtype == "auto" else v.dtype
-        threads = torch.get_num_threads()
         max_len = v.max_model_len or getattr(base.config, "max_position_embeddings", 0) or 4096
         self.llm = LLM(
             model=self._dir.name, skip_tokenizer_init=True, load_format="dummy", dtype=dtype,
