@@ -89,10 +89,15 @@ def pytest_unconfigure(config):
 
 
 RAY_FILES = ("test_ray.py", "test_ray_fleet.py")  # each starts a Ray cluster of its own
-# the files that take longest (minutes, most of it in a few tests), handed out first so that no
-# worker starts one when the other is nearly done
-SLOW_FILES = (*RAY_FILES, "test_processes.py", "test_docs.py", "test_learners.py", "test_resume.py",
-              "test_async.py", "test_wheel.py")
+# the files that take longest, longest first (seconds in a 2-worker run, vLLM installed, quiet 2-core
+# machine: the Ray files 307, test_processes 116, test_resume 116, test_docs 114, test_vllm_backend 112,
+# test_learners 93, ... test_rgym 17), handed out before the rest so that no worker starts a long one
+# when the other is nearly done
+SLOW_FILES = (*RAY_FILES, "test_processes.py", "test_resume.py", "test_docs.py", "test_vllm_backend.py",
+              "test_learners.py", "test_rewards_pool.py", "test_verifiers.py", "test_reward_trust.py",
+              "test_user_side.py", "test_agents.py", "test_rewards_math.py", "test_rollout_correction.py",
+              "test_wheel.py", "test_async.py", "test_rewards_agreement.py", "test_rm.py", "test_stability.py",
+              "test_rgym.py")
 
 
 @pytest.hookimpl(optionalhook=True)

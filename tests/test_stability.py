@@ -111,13 +111,27 @@ class PeakWatch:
 '''
 
 
-def test_a_rollback_restores_the_checkpoint_nearest_the_step_the_alert_names(tiny_model_dir, tmp_path, capsys):
-    (tmp_path / "peak_watch.py").write_text(PEAK_MONITOR)
+@pytest.fixture
+def peak_watch(tmp_path):
+    """PEAK_MONITOR's file; afterwards the monitor it registers is forgotten, so that later tests in
+    this process (test files share an xdist worker) do not build it into their monitors."""
+    from postrl.monitor.monitors import MONITORS
+    from postrl.monitor.settings import PLUGIN_SETTINGS
+
+    path = tmp_path / "peak_watch.py"
+    path.write_text(PEAK_MONITOR)
+    yield path
+    MONITORS.remove("peak_watch")
+    PLUGIN_SETTINGS.pop("peak_watch", None)
+
+
+def test_a_rollback_restores_the_checkpoint_nearest_the_step_the_alert_names(tiny_model_dir, tmp_path, peak_watch,
+                                                                            capsys):
     run_dir = tmp_path / "run"
     # checkpoints 1..4 exist when it fires in step 3: the newest (4) is after the peak, 1 is at it
     assert main([*_args(tiny_model_dir, run_dir, "train.total_steps=5", "checkpoint.every_steps=1",
                         "checkpoint.keep_last=10", "monitor.max_rollbacks=2"),
-                 "--import", str(tmp_path / "peak_watch.py")]) == 0
+                 "--import", str(peak_watch)]) == 0
     out = capsys.readouterr().out
     assert "dropped checkpoints of steps 2, 3, 4: the run goes on from step 1" in out  # the abandoned branch
     assert "rolled back to step 1; learning rate x0.5 (rollback 1)" in out
