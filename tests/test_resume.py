@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from postrl.checkpoint import CheckpointManager
+from postrl.cli import main
 from postrl.store.rollouts import read_rows
 
 ARGS = [
@@ -24,6 +25,16 @@ ARGS = [
 def postrl(args, crash_at=None):
     env = {**os.environ, "POSTRL_CRASH_AT": crash_at or ""}
     return subprocess.run([sys.executable, "-m", "postrl", *args], env=env, capture_output=True, text=True)
+
+
+def in_process(args, capsys) -> tuple[int, str, str]:
+    """`postrl ARGS` through `postrl.cli.main` in this process: (exit code, stdout, stderr). For the
+    runs and refusals no SIGKILL or bitwise comparison depends on (a fresh process costs seconds of
+    imports; the killed runs and those compared with `reference` still get one)."""
+    capsys.readouterr()
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def rows_without_timings(run_dir):
@@ -85,12 +96,14 @@ def _train(run_dir, model_dir, *extra, crash_at=None):
                   crash_at=crash_at)
 
 
-def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_0(reference, tiny_model_dir, tmp_path):
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_0(reference, tiny_model_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert _train(run_dir, tiny_model_dir, crash_at="step.stored:1").returncode == -9  # step 0 stored, no checkpoint
     assert (run_dir / "config.yaml").is_file() and CheckpointManager(run_dir).steps() == []
-    refused = _train(run_dir, tiny_model_dir)  # a new train into it is refused: it holds a run
-    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+    # a new train into it is refused: it holds a run
+    code, _, err = in_process(["train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={run_dir}",
+                               *ARGS], capsys)
+    assert code == 2 and err.strip().splitlines() == [
         f"error: run directory {run_dir} already holds a run (config.yaml); continue it with `postrl train "
         f"--resume {run_dir}`, or start anew with run.overwrite=true (the old run is moved to {run_dir}.old-N, "
         "not deleted)"]
@@ -102,21 +115,22 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_0(reference,
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
-def test_a_run_killed_at_its_first_write_leaves_no_run_behind(tiny_model_dir, tmp_path):
+def test_a_run_killed_at_its_first_write_leaves_no_run_behind(tiny_model_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     # config.yaml written to its temporary file and fsynced, killed before the rename
     assert _train(run_dir, tiny_model_dir, "train.total_steps=1", crash_at="atomic.write:1").returncode == -9
     assert [p.name for p in run_dir.iterdir()] == [p.name for p in run_dir.glob(".config.yaml.tmp*")] != []
-    resumed = postrl(["train", "--resume", str(run_dir)])
-    assert resumed.returncode == 2
-    assert resumed.stderr.strip().splitlines() == [
-        f"error: cannot resume {run_dir}: no config.yaml (is it a postrl run directory?)"]
-    fresh = _train(run_dir, tiny_model_dir, "train.total_steps=1")  # not a run: a new one starts there
-    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    code, _, err = in_process(["train", "--resume", str(run_dir)], capsys)
+    assert code == 2
+    assert err.strip().splitlines() == [f"error: cannot resume {run_dir}: no config.yaml (is it a postrl run directory?)"]
+    # not a run: a new one starts there
+    code, _, err = in_process(["train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={run_dir}",
+                               *ARGS, "train.total_steps=1"], capsys)
+    assert code == 0, err[-2000:]
     assert (run_dir / "final" / "model.safetensors").is_file() and not (tmp_path / "run.old-1").exists()
 
 
-def test_a_run_killed_in_its_first_second_is_resumed_or_moved_aside(tiny_model_dir, tmp_path):
+def test_a_run_killed_in_its_first_second_is_resumed_or_moved_aside(tiny_model_dir, tmp_path, capsys):
     import signal
     import time
 
@@ -133,14 +147,14 @@ def test_a_run_killed_in_its_first_second_is_resumed_or_moved_aside(tiny_model_d
     assert proc.wait() == -9 and run_dir.is_dir()
 
     had_config = (run_dir / "config.yaml").is_file()
-    resumed = postrl(["train", "--resume", str(run_dir)])
+    code, _, err = in_process(["train", "--resume", str(run_dir)], capsys)
     if had_config:  # killed after its config: resumed from step 0 to the end
-        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert code == 0, err[-2000:]
         assert [r.step for r in read_rows(run_dir)] == [0] * 16
     else:  # killed before: nothing to resume, one line
-        assert resumed.returncode == 2 and len(resumed.stderr.strip().splitlines()) == 1
-    fresh = postrl([*cmd, "run.overwrite=true"])
-    assert fresh.returncode == 0, fresh.stderr[-2000:]
+        assert code == 2 and len(err.strip().splitlines()) == 1
+    code, _, err = in_process([*cmd, "run.overwrite=true"], capsys)
+    assert code == 0, err[-2000:]
     assert (run_dir / "final" / "model.safetensors").is_file()
     old = tmp_path / "run.old-1"
     assert old.is_dir() == had_config  # a run was moved aside, whole; a directory without one is reused

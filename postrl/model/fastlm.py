@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers.activations import ACT2FN
 
 COVERED = {"llama", "mistral", "qwen2"}
 
@@ -43,6 +42,10 @@ class _Layer:
 
 class FastLM:
     def __init__(self, model):
+        # here, not at the top: importing transformers.activations loads transformers' modelling stack
+        # (about 1.5 s), which commands that only read the registries (`postrl plan`) never need
+        from transformers.activations import ACT2FN
+
         cfg = model.config
         self.model = model
         self.heads = cfg.num_attention_heads
