@@ -114,12 +114,14 @@ class VllmBackend:
 
         self.model, self.tok, self.cfg = model, tokenizer, cfg
         base = model.get_base_model() if is_lora(model) else model
-        self._dir = tempfile.TemporaryDirectory(prefix="postrl-vllm-")
-        base.config.save_pretrained(self._dir.name)  # architecture only: the weights come by load_weights
+        # the architecture only (the weights come by load_weights), read while the engine starts and
+        # removed right after: a process killed later (SIGKILL runs no finaliser) leaves nothing behind
+        config_dir = tempfile.TemporaryDirectory(prefix="postrl-vllm-")
+        base.config.save_pretrained(config_dir.name)
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if v.dtype == "auto" else v.dtype
         max_len = v.max_model_len or getattr(base.config, "max_position_embeddings", 0) or 4096
         self.llm = LLM(
-            model=self._dir.name, skip_tokenizer_init=True, load_format="dummy", dtype=dtype,
+            model=config_dir.name, skip_tokenizer_init=True, load_format="dummy", dtype=dtype,
             enforce_eager=v.enforce_eager, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
             gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=max_len, seed=0,
             # whole prefills: a request whose prefill is split over engine steps has its draw rewound
@@ -127,6 +129,7 @@ class VllmBackend:
             # Generator does not use offset"); every prompt then prefills in one step
             enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, 2048),
         )
+        config_dir.cleanup()
         _keep_process_state(threads, set_threads, env)
         self.version: int | None = None
 
@@ -170,6 +173,3 @@ class VllmBackend:
             if any(s in text for s in stops):
                 return end
         return None
-
-    def close(self) -> None:
-        self._dir.cleanup()
