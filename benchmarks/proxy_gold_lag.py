@@ -65,14 +65,14 @@ def make_monitor(settings: dict, heldout: bool) -> ProxyGold:
 
 
 def one_run(seed: int, slope: float, settings: dict, per_step: int = 128, steps: int = 20,
-            heldout: bool = False, plateau: int = 0) -> tuple[int, int | None]:
+            heldout: bool = False, plateau: int = 0, heldout_n: int = HELDOUT) -> tuple[int, int | None]:
     """(held-out peak step, step the monitor fired or None) of one simulated run."""
     rng = random.Random(seed)
     monitor = make_monitor(settings, heldout)
     held, fired = [], None
     for step in range(steps):
         gold = gold_at(step, slope, plateau)
-        result = heldout_eval(rng, gold)
+        result = heldout_eval(rng, gold, heldout_n)
         held.append(result["pass@1"])
         monitor.observe_eval(step, {"gold_heldout": result})  # the eval of step N comes before its update
         if monitor.update(step, {}, step_samples(rng, 0.3 + 0.03 * step, gold, per_step)) and fired is None:
@@ -80,13 +80,14 @@ def one_run(seed: int, slope: float, settings: dict, per_step: int = 128, steps:
     return trailing_peak(held), fired
 
 
-def false_alarm_share(settings: dict, runs: int, per_step: int = 128, steps: int = 100, heldout: bool = False) -> float:
+def false_alarm_share(settings: dict, runs: int, per_step: int = 128, steps: int = 100, heldout: bool = False,
+                      heldout_n: int = HELDOUT) -> float:
     fired = 0
     for seed in range(runs):
         rng = random.Random(10_000 + seed)
         monitor = make_monitor(settings, heldout)
         for s in range(steps):
-            monitor.observe_eval(s, {"gold_heldout": heldout_eval(rng, 0.45)})
+            monitor.observe_eval(s, {"gold_heldout": heldout_eval(rng, 0.45, heldout_n)})
             if monitor.update(s, {}, step_samples(rng, 0.5 + rng.uniform(-0.1, 0.1), 0.45, per_step)):
                 fired += 1
                 break
@@ -98,13 +99,15 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--samples-per-step", type=int, default=128, help="gold-scored samples the monitor sees a step")
     p.add_argument("--heldout", action="store_true", help="the monitor also pools the held-out eval's gold")
+    p.add_argument("--heldout-samples", type=int, default=HELDOUT, help="held-out gold scores an eval (problems x samples)")
     p.add_argument("--plateau", type=int, default=0, help="steps gold eases 0.01 a step after its peak before falling")
     p.add_argument("--settings", default="{}", help="ProxyGoldConfig fields as JSON, e.g. '{\"noise_z\": 3}'")
     args = p.parse_args()
     settings = json.loads(args.settings)
     print(f"proxy_gold settings: {make_monitor(settings, args.heldout).cfg}")
     for slope in (0.03, 0.05, 0.08):
-        runs = [one_run(seed, slope, settings, args.samples_per_step, heldout=args.heldout, plateau=args.plateau)
+        runs = [one_run(seed, slope, settings, args.samples_per_step, heldout=args.heldout, plateau=args.plateau,
+                        heldout_n=args.heldout_samples)
                 for seed in range(args.seeds)]
         lags = [fired - peak for peak, fired in runs if fired is not None]
         peaks = sorted({peak for peak, _ in runs})
@@ -112,7 +115,8 @@ def main() -> None:
               f"range {min(lags, default=None)}..{max(lags, default=None)}, "
               f"above 3 in {sum(lag > 3 for lag in lags) / max(len(lags), 1):.0%}, never fired "
               f"{args.seeds - len(lags)}; held-out peak found at steps {peaks[0]}..{peaks[-1]}")
-    flat = false_alarm_share(settings, args.seeds // 2, args.samples_per_step, heldout=args.heldout)
+    flat = false_alarm_share(settings, args.seeds // 2, args.samples_per_step, heldout=args.heldout,
+                             heldout_n=args.heldout_samples)
     print(f"fired on flat gold (100 steps, proxy jittering): {flat:.0%} of {args.seeds // 2} runs")
 
 

@@ -1,6 +1,7 @@
 """Reward-model over-optimisation on CPU: a proxy reward model, a gold rule, and the monitor between them.
 
-    nice .venv/bin/python benchmarks/rm_overoptimization.py [--steps 40] [--seeds 0,1,2,3,4] [--out docs/rm-overoptimization.png]
+    nice .venv/bin/python benchmarks/rm_overoptimization.py [--steps 40] [--seeds 0,1,2,3,4] [--heldout-problems 200]
+        [--out docs/rm-overoptimization.png]
 
 Steps 2-5 run once per seed (the seed drives the preference samples, the reward model's head and
 training, and the RL run; the prompts stay the same); seed 0 is the run this benchmark always made.
@@ -17,8 +18,8 @@ training, and the RL run; the prompts stay the same); seed 0 is the run this ben
    gold scored every step (an eval-only domain graded by the rule: pass@1 = share of held-out
    replies that are right and short), checkpoints every 2 steps, the best checkpoint kept by
    held-out score. Eval also scores the base model (step 0). The eval domain is graded by the
-   gold spec and evaluated every step, so the monitor pools its 256 held-out scores with the 128
-   trained samples' gold each step (`monitor.proxy_gold.heldout_domains: [auto]`).
+   gold spec and evaluated every step, so the monitor pools its 800 held-out scores
+   (`--heldout-problems` 200, 4 samples each) with the 128 trained samples' gold each step (`monitor.proxy_gold.heldout_domains: [auto]`).
 5. Prints the proxy and gold curves, the step where gold peaked (the peak of the 3-step moving
    average of held-out gold), the step where the monitor fired, and the held-out gold of the best
    checkpoint kept, each seed's lag (fire step - peak step); saves the plot of the first seed;
@@ -31,12 +32,11 @@ shows how far the lag moves between draws, and why). A run of fewer steps is the
 cut short (the learning rate does not depend on train.total_steps): `--steps 20` finds the same
 peaks and lags when they fall before step 20.
 
-Measured (docs/rewards.md, 2026-12-02, 2-core CPU, 40 steps, 7 min 42 s for five seeds): lags 4, 3,
-2, 5, 3 (`RESULT fire_minus_peak_max=5`, target not met on seeds 0 and 3); the trained samples'
-gold alone, replayed on the same runs, gives 5, 4, 3, 5, 3. Seed 3's held-out gold eases 0.453,
-0.422, 0.418, 0.406 after its peak, then falls 0.07-0.08 a step: over those three steps the
-monitor's smoothed gold fell 0.031, below min_gold_drop (0.05) and 1.5 standard errors, which no
-threshold that stays quiet on flat gold can call.
+Measured (docs/rewards.md, 2026-12-03, 2-core CPU, 40 steps, 241 s for five seeds): lags 2, 2, 2,
+2, 2 (`RESULT fire_minus_peak_max=2`); the same trajectories with `--heldout-problems 64` (the
+eval this benchmark had before, 384 gold scores a step pooled instead of 928): 3, 3, 8, 2, 2.
+More gold evidence, not other thresholds, is what brought the lag under 3 (proxy_gold_lag.py:
+a peak followed by a plateau still lags above 3 in 8-14% of simulated draws).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def own_preferences(model_dir: Path, rows: list[dict], seed: int) -> list[Pair]:
     return pairs
 
 
-def recipe(work: Path, rm_dir: Path, steps: int, lr: float) -> dict:
+def recipe(work: Path, rm_dir: Path, steps: int, lr: float, heldout_problems: int = 200) -> dict:
     return {
         "seed": 0, "model": {"name": "tiny-arith"},
         "domains": {"open": {
@@ -106,7 +106,8 @@ def recipe(work: Path, rm_dir: Path, steps: int, lr: float) -> dict:
         "train": {"total_steps": steps, "prompts_per_step": 16, "samples_per_prompt": 8, "max_new_tokens": 8,
                   "lr": lr, "minibatches": 2},
         "rl": {"kl_coef": 0.0},
-        "eval": {"every_steps": 1, "at_start": True, "k": [1], "samples_per_problem": 4, "num_problems": 64, "temperature": 1.0,
+        "eval": {"every_steps": 1, "at_start": True, "k": [1], "samples_per_problem": 4, "num_problems": heldout_problems,
+                 "temperature": 1.0,
                  "domains": {"gold_heldout": {"type": "dataset", "params": {
                      "path": str(work / "train.jsonl"), "heldout_path": str(work / "heldout.jsonl"),
                      "heldout_percent": 0, "prompt": "{q}", "answer": "answer", "verifier": GOLD}}}},
@@ -170,13 +171,15 @@ def main() -> int:
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; each seeds preferences, reward model and RL")
     p.add_argument("--out", default="docs/rm-overoptimization.png", help="plot of the first seed")
     p.add_argument("--work", default="", help="working directory (default: a temporary one)")
+    p.add_argument("--heldout-problems", type=int, default=200,
+                   help="held-out sums, 4 samples each, scored by the gold rule every step")
     args = p.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="rm-overopt-"))
     work.mkdir(parents=True, exist_ok=True)
     rng, taken = random.Random(0), set()
-    train_rows, held_rows = sums(rng, 600, taken), sums(rng, 64, taken)
+    train_rows, held_rows = sums(rng, 600, taken), sums(rng, args.heldout_problems, taken)
     for name, rows in (("train", train_rows), ("heldout", held_rows)):
         (work / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     backbone = resolve_model_path("tiny-arith", log=lambda m: print(m, file=sys.stderr))
@@ -201,7 +204,7 @@ def one_seed(work: Path, backbone: Path, rows: list[dict], seed: int, args) -> P
                                       seed=seed)
     print(f"seed {seed}: preferences: {len(pairs)} pairs of the policy's own samples; reward model held-out "
           f"accuracy {rm_report['heldout_accuracy']:.3f} ({rm_report['heldout_pairs']} pairs)")
-    cfg = recipe(work, out / "rm", args.steps, args.lr)
+    cfg = recipe(work, out / "rm", args.steps, args.lr, args.heldout_problems)
     cfg["seed"], cfg["run"]["dir"] = seed, str(out / "run")
     return postrl.train(cfg, log=lambda m: print(m, file=sys.stderr))
 
