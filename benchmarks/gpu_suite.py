@@ -86,8 +86,8 @@ def copy_bandwidth(device: torch.device, mib: int, seconds: float = 1.0) -> floa
 
 def device_facts(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    peak = matmul_peak(device, dtype, 256 if smoke else 8192, 0.5 if smoke else 2.0)
-    bandwidth = copy_bandwidth(device, 64 if smoke else 2048, 0.5 if smoke else 1.0)
+    peak = matmul_peak(device, dtype, 256 if smoke else 8192, 0.1 if smoke else 2.0)
+    bandwidth = copy_bandwidth(device, 64 if smoke else 2048, 0.1 if smoke else 1.0)
     preset = next((v for k, v in PRESETS.items() if k in name), None)
     facts = {"name": name, "peak_measured": peak, "bw_measured": bandwidth,
              "peak": preset[0] * 1e12 if preset else peak, "bw": preset[1] * 1e12 if preset else bandwidth}

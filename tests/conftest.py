@@ -89,6 +89,7 @@ def pytest_unconfigure(config):
 
 
 RAY_FILES = ("test_ray.py", "test_ray_fleet.py")  # each starts a Ray cluster of its own
+VLLM_FILES = ("test_vllm_backend.py", "test_gpu_suite.py")  # each starts vLLM engines in the worker's process
 # the files that take longest, longest first (seconds in a 2-worker run, vLLM installed, quiet 2-core
 # machine: the Ray files 307, test_processes 116, test_resume 116, test_docs 114, test_vllm_backend 112,
 # test_learners 93, ... test_rgym 17), handed out before the rest so that no worker starts a long one
@@ -106,6 +107,8 @@ def pytest_xdist_make_scheduler(config, log):
     run together on one worker, so each module fixture (a Ray cluster, a shared uninterrupted run)
     is still made once. On top of that the files that start a Ray cluster go to one worker, one
     after the other as without xdist: two clusters at once would each count the machine's CPUs.
+    The files that start vLLM engines in the test process go to one worker too: vLLM's first
+    engine imports seconds of code (its model executor, inductor), which the second then finds.
     Files are handed out in collection order, which puts the slow ones first on the workers
     (`pytest_collection_modifyitems`)."""
     if config.getvalue("dist") != "loadfile":
@@ -117,7 +120,8 @@ def pytest_xdist_make_scheduler(config, log):
     class LoadFileRayTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            return "the Ray files" if Path(path).name in RAY_FILES else path
+            name = Path(path).name
+            return "the Ray files" if name in RAY_FILES else "the vLLM files" if name in VLLM_FILES else path
 
     return LoadFileRayTogether(config, log)
 
