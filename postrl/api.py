@@ -112,6 +112,7 @@ def evaluate(model: str | Path, recipe: Recipe = None, overrides: list[str] = ()
     Without a recipe, `domains` are built-in domains with their default parameters."""
     from postrl.builtin_models import load_model
     from postrl.evaluation import evaluate as evaluate_policy
+    from postrl.model.device import resolve_device
     from postrl.sampling.policy import Policy
     from postrl.tasks.catalog import build_domains
 
@@ -123,9 +124,10 @@ def evaluate(model: str | Path, recipe: Recipe = None, overrides: list[str] = ()
     check_names(cfg)
     built = pick(build_domains(cfg) | build_domains(dataclasses.replace(cfg, domains=cfg.eval.domains)), domains)
     model_dir, e = model_path(model), cfg.eval
+    device = resolve_device(cfg.run.device)  # cuda asked for and absent: an error before the model loads
     net, tok = load_model(model_dir, log=log)
     return evaluate_policy(
-        Policy(net, tok, rollout=cfg.rollout), built, num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
+        Policy(net.to(device), tok, rollout=cfg.rollout), built, num_problems=e.num_problems, ks=e.k, samples_per_problem=e.samples_per_problem,
         temperature=e.temperature, max_new_tokens=cfg.train.max_new_tokens, seed=cfg.seed,
         limits={name: generation_limits(cfg, name) for name in built},
     )

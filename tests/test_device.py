@@ -110,3 +110,32 @@ def test_the_whole_loop_runs_with_run_device_cpu_given_explicitly(tiny_model_dir
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["device"] == "cpu"
     before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(run_dir / "final" / "model.safetensors")
     assert all(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_eval_puts_the_model_on_the_device_asked_for_and_refuses_a_missing_one(tiny_model_dir, capsys, monkeypatch):
+    """`postrl eval` (--device; with --recipe its run.device) and `postrl.evaluate` sample on the
+    device asked for: cpu here, given explicitly, and a missing CUDA is one line before any model loads."""
+    import json
+
+    import postrl.builtin_models as builtin_models
+
+    loaded = []
+    real_load = builtin_models.load_model
+    monkeypatch.setattr(builtin_models, "load_model", lambda *a, **k: loaded.append(a) or real_load(*a, **k))
+    args = ["eval", str(tiny_model_dir), "--problems", "2", "--samples", "2", "--k", "1", "--json"]
+    assert main([*args, "--device", "cpu"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["arith"]) >= {"greedy", "pass@1"}
+    assert main([*args, "--recipe", "recipes/default.yaml", "eval.num_problems=2", "run.device=cpu"]) == 0
+    capsys.readouterr()
+    assert len(loaded) == 2
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the missing-device error cannot happen here")
+    for extra, line in ((["--device", "cuda"], "error: --device cuda: torch sees no CUDA device here"),
+                        (["--recipe", "recipes/default.yaml", "run.device=cuda"],
+                         "error: run.device=cuda: torch sees no CUDA device here"),
+                        (["--recipe", "recipes/default.yaml", "--device", "cuda"],
+                         "error: run.device=cuda: torch sees no CUDA device here")):
+        assert main([*args, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(line), err
+    assert len(loaded) == 2  # refused before loading

@@ -20,6 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (with --recipe: sets its run.device)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--recipe", nargs="+", metavar="RECIPE [OVERRIDE]",
                    help="the recipe's domains with their parameters and its eval settings; dotted overrides "
@@ -33,6 +34,7 @@ def run(args) -> int:
     from postrl.builtin_models import load_model
     from postrl.errors import ConfigError, UserError
     from postrl.evaluation import evaluate
+    from postrl.model.device import resolve_device
     from postrl.sampling.policy import Policy
     from postrl.tasks.catalog import make_domain
     from postrl.ui import Progress
@@ -53,10 +55,15 @@ def run(args) -> int:
     except ConfigError as e:
         raise UserError(f"--domains {args.domains}: {e}") from None
     log = (lambda *a: None) if args.json else print
+    try:
+        device = resolve_device(args.device)  # cuda asked for and absent: one line, before the model loads
+    except UserError as e:
+        why = str(e).split(": ", 1)[-1].replace("run.device=", "--device ")
+        raise UserError(f"--device {args.device}: {why}") from None
     model, tok = load_model(model_path, log=log)
     with Progress(len(domains), enabled=None, label="eval", stderr=True) as bar:  # a bar on a terminal only
         result = evaluate(
-            Policy(model, tok), domains, num_problems=args.problems, ks=ks, samples_per_problem=args.samples,
+            Policy(model.to(device), tok), domains, num_problems=args.problems, ks=ks, samples_per_problem=args.samples,
             temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed, progress=bar,
         )
     if args.json:
@@ -70,6 +77,8 @@ def run_recipe(args) -> int:
     from postrl.api import evaluate
 
     recipe, *overrides = args.recipe or [None]
+    if args.device != "auto":
+        overrides.append(f"run.device={args.device}")
     domains = args.domains.split(",") if args.domains else None
     result = evaluate(args.model, recipe, overrides, domains, args.imports,
                       log=(lambda *a: None) if args.json else print)
