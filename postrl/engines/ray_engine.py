@@ -129,7 +129,9 @@ class RayEngine(Pipeline):
         if self._owns_ray:  # else the caller's cluster (tests share one per module)
             ray.init(address=r.address or None, num_cpus=(r.num_cpus or None) if not r.address else None,
                      include_dashboard=False, log_to_driver=False)
-        model = copy.deepcopy(policy.model)
+        # the actors ask Ray for CPUs (not its GPU resources yet): they get a CPU copy of the model and
+        # CPU weights, whatever device the trainer's model is on (a CUDA tensor would not load there)
+        model = copy.deepcopy(policy.model).to("cpu")
         for p in model.parameters():
             p.requires_grad_(False)
         self._model_ref = ray.put(model)  # one copy in the object store, shared by every (re)started worker
@@ -167,7 +169,8 @@ class RayEngine(Pipeline):
     def _publish(self):
         version = self.policy.version
         if self._published is None or self._published[0] != version:
-            self._published = (version, ray.put(self.policy.model.state_dict()))  # serialised now
+            weights = {k: v.detach().to("cpu") for k, v in self.policy.model.state_dict().items()}
+            self._published = (version, ray.put(weights))  # serialised now
         return self._published[1]
 
     def _start(self, order: Order) -> Flight:
