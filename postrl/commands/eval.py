@@ -55,11 +55,7 @@ def run(args) -> int:
     except ConfigError as e:
         raise UserError(f"--domains {args.domains}: {e}") from None
     log = (lambda *a: None) if args.json else print
-    try:
-        device = resolve_device(args.device)  # cuda asked for and absent: one line, before the model loads
-    except UserError as e:
-        why = str(e).split(": ", 1)[-1].replace("run.device=", "--device ")
-        raise UserError(f"--device {args.device}: {why}") from None
+    device = resolve_device(args.device, "--device ")  # cuda asked for and absent: one line, before the model loads
     model, tok = load_model(model_path, log=log)
     with Progress(len(domains), enabled=None, label="eval", stderr=True) as bar:  # a bar on a terminal only
         result = evaluate(

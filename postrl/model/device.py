@@ -16,20 +16,21 @@ import torch
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def resolve_device(name: str) -> torch.device:
-    """`run.device` -> a torch device: auto | cpu | cuda (or cuda:N)."""
+def resolve_device(name: str, setting: str = "run.device=") -> torch.device:
+    """`run.device` -> a torch device: auto | cpu | cuda (or cuda:N). `setting` is how an error names
+    where the value came from (`--device ` for a command-line flag)."""
     # imported here: the sampler imports this module, and `benchmarks/gpu_step.py` imports the
     # sampler on machines that get only torch, transformers and postrl's model, sampling and learner packages
     from postrl.errors import UserError
 
     kind = name.split(":", 1)[0]
     if kind not in DEVICES or (kind != "cuda" and ":" in name):
-        raise UserError(f"run.device={name!r}: expected one of {', '.join(DEVICES)} (or cuda:N)")
+        raise UserError(f"{setting}{name!r}: expected one of {', '.join(DEVICES)} (or cuda:N)")
     if kind == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"run.device={name}: torch sees no CUDA device here (torch {torch.__version__}); "
-                        "use run.device=cpu or auto")
+        raise UserError(f"{setting}{name}: torch sees no CUDA device here (torch {torch.__version__}); "
+                        f"use {setting}cpu or auto")
     return torch.device(name)
 
 
