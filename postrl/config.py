@@ -233,6 +233,11 @@ class TrainConfig:
     same parameters. 1 = the learner runs in the trainer process alone."""
     learner_timeout_s: float = ranged(120.0, gt=0)
     """Longest wait of a learner collective; a rank that died or hangs ends the run after it."""
+    shard: Literal["none", "fsdp"] = "none"
+    """With train.learners > 1: none replicates the parameters, gradients and optimiser state on
+    every rank; fsdp shards them N ways (FSDP2's fully_shard per decoder layer, then the root;
+    `postrl.learner.sharded`), gathering the layers' weights for each forward and backward and the
+    updated weights once per update for the sampler."""
 
 
 @dataclass
@@ -437,6 +442,9 @@ class RayConfig:
     """CPUs of the local cluster started when `address` is empty (0 = all of this machine's)."""
     rollout_workers: int = ranged(1, ge=1)
     """Rollout (sampling) actors; consecutive steps' batches go to them in turn."""
+    rollout_gpus: float = ranged(0.0, ge=0)
+    """GPUs Ray gives each rollout actor (a fraction shares one); 0 = CPU actors. With GPUs an actor
+    samples on the CUDA device Ray assigned it (its CUDA_VISIBLE_DEVICES), whatever run.device is."""
     max_restarts: int = 3
     """Times a dead rollout or reward actor is replaced before the run gives up; also the times Ray
     restarts a dead sandbox actor."""
@@ -687,6 +695,9 @@ def validate(cfg: Config) -> None:
             f"config key 'train.minibatches' = {t.minibatches}: must divide the "
             f"{completions} completions per step"
         )
+    if t.shard != "none" and t.learners < 2:
+        raise ConfigError(f"config key 'train.shard' = {t.shard!r}: shards across learner ranks; set "
+                          f"train.learners to 2 or more (it is {t.learners})")
     if not cfg.domains:
         raise ConfigError("config key 'domains' is empty: name at least one domain")
     if any(k > cfg.eval.samples_per_problem for k in cfg.eval.k):

@@ -10,10 +10,12 @@ be a CPU tensor meeting a CUDA model, is caught here, on any machine, with the o
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import datetime
+from contextlib import ExitStack, contextmanager
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -21,7 +23,9 @@ from postrl.builtin_models import load_model
 from postrl.cli import main
 from postrl.config import LoraConfig, ModelConfig, RLConfig, TrainConfig, load_config
 from postrl.errors import ConfigError, UserError
+from postrl.learner.distributed import Ranks
 from postrl.learner.learner import Learner
+from postrl.learner.sharded import end_group, start_group
 from postrl.model.device import model_device, resolve_device
 from postrl.model.logprobs import token_logprobs
 from postrl.model.lora import apply_lora, make_reference
@@ -55,15 +59,34 @@ def test_the_trap_catches_a_tensor_created_without_the_models_device(tiny_model_
         assert weight[torch.arange(3, device=weight.device)].device == weight.device
 
 
-@pytest.mark.parametrize("kind", ["fastlm", "lora"])
+@contextmanager
+def one_sharded_rank():
+    """The sharded learner's `Ranks` for a world of one, in this process (FSDP2 over gloo)."""
+    timeout = datetime.timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout, wait_for_workers=False)
+    start_group(store, 0, 1, torch.device("cpu"), timeout)
+    try:
+        yield Ranks(0, 1, dist.ProcessGroupGloo(store, 0, 1, timeout), torch.get_num_threads(), sharded=True)
+    finally:
+        end_group()
+
+
+@pytest.mark.parametrize("kind", ["fastlm", "lora", "sharded"])
 def test_sampling_logprobs_and_update_create_every_tensor_on_the_models_device(tiny_model_dir, kind):
     model, tok = load_model(str(tiny_model_dir), log=lambda *_: None)
     if kind == "lora":
         model = apply_lora(model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
     policy = Policy(model, tok)
+    with ExitStack() as stack:
+        ranks = stack.enter_context(one_sharded_rank()) if kind == "sharded" else None
+        _sample_and_update_in_the_trap(policy, ranks)
+
+
+def _sample_and_update_in_the_trap(policy: Policy, ranks: Ranks | None) -> None:
+    model = policy.model
     learner = Learner(policy, make_reference(model), TrainConfig(minibatches=1, samples_per_prompt=4,
                                                                  max_tokens_per_microbatch=40),
-                      RLConfig(kl_coef=0.1, entropy_coef=0.01), ModelConfig(logits_chunk_mib=1e-4))
+                      RLConfig(kl_coef=0.1, entropy_coef=0.01), ModelConfig(logits_chunk_mib=1e-4), ranks=ranks)
     tasks = [Task("t", f"t/{i}", f"{i}+{i}=", "0") for i in range(2)]
     sample_gen, order_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
     with tensors_must_name_their_device():
@@ -75,6 +98,7 @@ def test_sampling_logprobs_and_update_create_every_tensor_on_the_models_device(t
         learner.train_cfg.pack_sequences = True
         stats = learner.update(batch, 0.1, order_gen)
         logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.temperatures, pack=True)
+        learner.state_dict()
     assert batch.input_ids.device == model_device(model) == logp.device
     assert stats.optimizer_steps == 1 and stats.grad_norm > 0
 

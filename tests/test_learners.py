@@ -5,11 +5,13 @@ or hangs during an update ends the run with one line instead of hanging."""
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
-from test_async import rows, run_train, same_weights, weights
+from test_async import ARGS, rows, run_train, same_weights, weights
 from test_processes import metrics
 
 from postrl.errors import UserError
@@ -19,18 +21,30 @@ from postrl.run import Run
 TWO = ["train.learners=2", "train.minibatches=2"]  # two optimiser steps per update: the shared state is used
 
 
+FSDP = [*TWO, "train.shard=fsdp"]
+
+
 @pytest.mark.parametrize("extra", [[], ["model.lora.r=4"]], ids=["full", "lora"])  # lora: random adapters, rank 0's
-def test_two_ranks_give_one_ranks_parameters(tiny_model_dir, tmp_path, extra):
+def test_two_ranks_replicated_or_sharded_give_one_ranks_parameters(tiny_model_dir, tmp_path, extra):
     one = run_train(tiny_model_dir, tmp_path / "one", "train.total_steps=3", "train.minibatches=2", *extra)
     two = run_train(tiny_model_dir, tmp_path / "two", "train.total_steps=3", *TWO, *extra)
-    a, b = weights(one), weights(two)
-    assert a.keys() == b.keys()
-    for k in a:  # the same sums, added in another order
-        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
-    assert [r["token_ids"] for r in rows(one)] == [r["token_ids"] for r in rows(two)]
-    for m1, m2 in zip(metrics(one), metrics(two), strict=True):
-        for key in ("loss", "pg_loss", "kl/mean", "kl/max", "entropy", "entropy/arith", "clip_frac", "grad_norm"):
-            assert m2[key] == pytest.approx(m1[key], rel=1e-3, abs=1e-5), key
+    fsdp = run_train(tiny_model_dir, tmp_path / "fsdp", "train.total_steps=3", *FSDP, *extra)
+    a = weights(one)
+    for run in (two, fsdp):
+        b = weights(run)
+        assert a.keys() == b.keys()
+        for k in a:  # the same sums, added in another order (fsdp: Hugging Face's forward, not FastLM's)
+            torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+        assert [r["token_ids"] for r in rows(one)] == [r["token_ids"] for r in rows(run)]
+        for m1, m2 in zip(metrics(one), metrics(run), strict=True):
+            for key in ("loss", "pg_loss", "kl/mean", "kl/max", "entropy", "entropy/arith", "clip_frac", "grad_norm"):
+                assert m2[key] == pytest.approx(m1[key], rel=1e-3, abs=1e-5), key
+    # each rank's parameters, gradients and Adam moments: all of them replicated, half of them sharded
+    replicated, sharded = metrics(two)[-1]["learner/state_mib"], metrics(fsdp)[-1]["learner/state_mib"]
+    print(f"per-rank learner state: replicated {replicated:.3f} MiB, sharded {sharded:.3f} MiB; peak resident "
+          f"set: replicated {metrics(two)[-1]['learner/peak_mib']:.0f} MiB, "
+          f"sharded {metrics(fsdp)[-1]['learner/peak_mib']:.0f} MiB")
+    assert sharded < 0.6 * replicated
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +59,21 @@ def test_a_two_rank_run_resumes_bitwise(tiny_model_dir, tmp_path, uninterrupted)
     resumed = train(resume_config(part, ["train.total_steps=4"]), resume=True, log=lambda *a: None)
     assert same_weights(weights(uninterrupted), weights(resumed))
     assert rows(uninterrupted) == rows(resumed)
+
+
+def test_a_killed_sharded_run_resumes_bitwise(tiny_model_dir, tmp_path):
+    """The trainer (rank 0) SIGKILLed after step 3 was stored, the step-2 checkpoint written by the
+    ranks' gathered optimiser state: resumed, it ends where the uninterrupted sharded run ends."""
+    steps = ["train.total_steps=4", "checkpoint.every_steps=2", *FSDP]
+    whole = run_train(tiny_model_dir, tmp_path / "whole", *steps)
+    cut = tmp_path / "cut"
+    args = ["train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={cut}", *ARGS, *steps]
+    killed = subprocess.run([sys.executable, "-m", "postrl", *args], capture_output=True, text=True,
+                            env={**os.environ, "POSTRL_CRASH_AT": "step.stored:3"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = train(resume_config(cut, []), resume=True, log=lambda *a: None)
+    assert same_weights(weights(whole), weights(resumed))
+    assert rows(whole) == rows(resumed)
 
 
 def test_a_rank_gone_between_steps_stops_the_run_with_a_checkpoint_that_resumes(

@@ -15,6 +15,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ray>
 
 from postrl.config import load_config  # noqa: E402
 from postrl.engines import ray_engine  # noqa: E402
+from postrl.errors import UserError  # noqa: E402
 from postrl.loop import train  # noqa: E402
 from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable  # noqa: E402
 from postrl.store.rollouts import read_rows  # noqa: E402
@@ -61,6 +62,12 @@ def test_a_ray_run_completes_with_finite_metrics(tiny_model_dir, whole):
     assert [m["staleness/max"] for m in lines] == [0, 1, 1, 1]  # each batch from the weights of a step before
     before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(run_dir / "final" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_rollout_actors_asking_for_gpus_the_cluster_lacks_is_one_line(tiny_model_dir, tmp_path):
+    with pytest.raises(UserError, match=r"^config key 'ray.rollout_gpus' = 1: 1 rollout actors need 1 GPUs, the Ray "
+                                        r"cluster has 0; set ray.rollout_gpus=0 to sample on CPUs$"):
+        run_train(tiny_model_dir, tmp_path / "gpus", "engine=ray", "train.total_steps=1", "ray.rollout_gpus=1")
 
 
 def test_killed_rollout_actor_loses_no_sample(tiny_model_dir, tmp_path, monkeypatch):

@@ -46,6 +46,7 @@ from postrl.abilities import RunsCode
 from postrl.config import Config
 from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, reward_terms, run_order, score_chunk
 from postrl.engines.ray_sandbox import FleetSpec, RaySandbox, describe, start_sandbox_fleet
+from postrl.errors import UserError
 from postrl.extensions import load as load_extensions
 from postrl.records import Sample
 from postrl.sampling.policy import Policy
@@ -72,6 +73,8 @@ class RolloutWorker:
     def __init__(self, model, tok, cfg: Config, sandboxes: dict[str, RaySandbox] | None = None):
         load_extensions(cfg.imports)  # the run's own modules exist on every actor (`imports:`)
         torch.set_num_threads(1)  # one actor per CPU Ray schedules it on
+        if cfg.ray.rollout_gpus:  # Ray set CUDA_VISIBLE_DEVICES to the GPU it gave this actor: cuda:0 here
+            model = model.to(f"cuda:{torch.cuda.current_device()}")
         self.policy, self.cfg, self.loaded = Policy(model.eval(), tok, rollout=cfg.rollout), cfg, None
         self.envs = None
         """The run's domains when some are environments: episodes step them here (tools, feedback)."""
@@ -121,6 +124,14 @@ class Flight:
     """Object ref of the scored `Rollout`."""
 
 
+def check_gpus(workers: int, each: float) -> None:
+    """One line, instead of actors that wait forever for GPUs the cluster does not have."""
+    have = ray.cluster_resources().get("GPU", 0)
+    if workers * each > have:
+        raise UserError(f"config key 'ray.rollout_gpus' = {each:g}: {workers} rollout actors need {workers * each:g} "
+                        f"GPUs, the Ray cluster has {have:g}; set ray.rollout_gpus=0 to sample on CPUs")
+
+
 class RayEngine(Pipeline):
     def __init__(self, policy: Policy, domains: dict, cfg: Config, log=print):
         super().__init__(policy, domains, cfg, log)
@@ -129,13 +140,20 @@ class RayEngine(Pipeline):
         if self._owns_ray:  # else the caller's cluster (tests share one per module)
             ray.init(address=r.address or None, num_cpus=(r.num_cpus or None) if not r.address else None,
                      include_dashboard=False, log_to_driver=False)
-        # the actors ask Ray for CPUs (not its GPU resources yet): they get a CPU copy of the model and
-        # CPU weights, whatever device the trainer's model is on (a CUDA tensor would not load there)
+        # the object store gets a CPU copy of the model and CPU weights, whatever device the trainer's
+        # model is on; a rollout actor moves them to the GPU Ray gave it (ray.rollout_gpus) or keeps the CPU
         model = copy.deepcopy(policy.model).to("cpu")
         for p in model.parameters():
             p.requires_grad_(False)
         self._model_ref = ray.put(model)  # one copy in the object store, shared by every (re)started worker
-        self._actor = ray.remote(num_cpus=1)(RolloutWorker), ray.remote(num_cpus=0)(RewardWorker)
+        try:
+            check_gpus(r.rollout_workers, r.rollout_gpus)
+        except UserError:
+            if self._owns_ray:
+                ray.shutdown()
+            raise
+        self._actor = (ray.remote(num_cpus=1, num_gpus=r.rollout_gpus)(RolloutWorker),
+                       ray.remote(num_cpus=0)(RewardWorker))
         self._sandbox_seen: dict[str, dict] = {}  # domain -> what of its fleet was logged
         self.sandbox_fleets, self.sandboxes = self._start_sandboxes()
         self.workers = [self._new_worker() for _ in range(r.rollout_workers)]

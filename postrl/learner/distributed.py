@@ -55,6 +55,7 @@ from postrl.errors import UserError
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
 from postrl.learner.learner import Learner
+from postrl.learner.sharded import end_group, start_group
 from postrl.model.load import load_model
 from postrl.model.lora import apply_lora
 from postrl.records import Batch
@@ -66,10 +67,11 @@ _START = datetime.timedelta(seconds=600)
 
 @dataclass(frozen=True)
 class LoadState:
-    """Rank 0 -> the other ranks: its model weights and `Learner.state_dict()`, on the CPU."""
+    """Rank 0 -> the other ranks: its model weights and `Learner.state_dict()` (None: the weights
+    only), on the CPU."""
 
     weights: dict[str, torch.Tensor]
-    learner: dict
+    learner: dict | None
 
 
 @dataclass(frozen=True)
@@ -87,12 +89,30 @@ class Stop:
     """Rank 0 -> the other ranks: the run is over, exit."""
 
 
+@dataclass(frozen=True)
+class GatherState:
+    """Rank 0 -> the other sharded ranks: gather the optimiser's state whole with rank 0 (a checkpoint)."""
+
+
+@dataclass(frozen=True)
+class ScaleLR:
+    """Rank 0 -> the other sharded ranks: `Learner.scale_lr(factor)` (a rollback's)."""
+
+    factor: float
+
+
 class Ranks:
     """What `Learner.update` needs on any rank: its share of the rows and the reductions. On rank 0
     it also holds the other ranks (`peers`) and sends them each update."""
 
-    def __init__(self, rank: int, world: int, group, threads: int, peers: list | None = None, where: str = ""):
+    def __init__(self, rank: int, world: int, group, threads: int, peers: list | None = None, where: str = "",
+                 sharded: bool = False, device: torch.device | str = "cpu"):
         self.rank, self.world, self.group, self.threads = rank, world, group, threads
+        self.device = torch.device(device)
+        """Where this rank's collectives' tensors live (NCCL: its CUDA device)."""
+        self.sharded = sharded
+        """`train.shard: fsdp` (`postrl.learner.sharded`): the learner shards its model over the
+        default process group; this group carries the statistics."""
         self.peers = peers or []
         """Rank 0: (process, order queue) of ranks 1..N-1. A put never blocks (a feeder thread
         writes the pipe), so a rank that hangs fails the collective after the timeout instead of
@@ -105,6 +125,14 @@ class Ranks:
     def send_state(self, weights: dict[str, torch.Tensor], learner_state: dict) -> None:
         """Rank 0: its model weights and `Learner.state_dict()` to every rank, ahead of the next update."""
         self._send(LoadState(*_cpu((weights, learner_state))))
+
+    def gather_state(self) -> None:
+        """Rank 0, sharded: every rank joins the gather of the optimiser's state that rank 0 starts next."""
+        self._send(GatherState())
+
+    def scale_lr(self, factor: float) -> None:
+        """Rank 0, sharded: every rank scales its learning rate as rank 0 just did."""
+        self._send(ScaleLR(factor))
 
     def begin(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> None:
         """Rank 0: send the update to every rank, and take its share of the threads until `end`."""
@@ -122,7 +150,7 @@ class Ranks:
         """(rank, exit code) of every rank that is not running."""
         return _dead(self.peers)
 
-    def _send(self, message: LoadState | Update | Stop) -> None:
+    def _send(self, message: LoadState | Update | Stop | GatherState | ScaleLR) -> None:
         data = pickle.dumps(message)  # now: the optimiser's state changes in place during the update
         for _, orders in self.peers:
             orders.put(data)
@@ -135,6 +163,8 @@ class Ranks:
             if process.is_alive():
                 process.kill()
         self.peers = []
+        if self.sharded:
+            end_group()
 
     # -- every rank
     def share(self, rows: torch.Tensor) -> torch.Tensor:
@@ -155,17 +185,27 @@ class Ranks:
             for p, g in zip(group, flat.split([p.numel() for p in group])):
                 p.grad.copy_(g.view_as(p.grad))
 
-    def sum_stats(self, totals: dict[str, float], kl_max: float, sample_entropy: torch.Tensor) -> float:
+    def most(self, count: int) -> int:
+        """The largest of the ranks' `count`s."""
+        top = torch.tensor([count], dtype=torch.float64, device=self.device)
+        self._all_reduce(top, dist.ReduceOp.MAX)
+        return int(top)
+
+    def sum_stats(self, totals: dict[str, float], kl_max: float, sample_entropy: torch.Tensor,
+                  memory: dict[str, float]) -> float:
         """Loss terms summed into `totals` (not the gradient norm "gn": every rank has the same), each
-        row's entropy into `sample_entropy` (each row is one rank's), and the largest KL, returned."""
+        row's entropy into `sample_entropy` (each row is one rank's), the ranks' largest `memory`
+        figures into it, and the largest KL, returned."""
         keys = sorted(k for k in totals if k != "gn")
         flat = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=sample_entropy.device)
         self._all_reduce(flat, dist.ReduceOp.SUM)
         totals.update(zip(keys, flat.tolist()))
         self._all_reduce(sample_entropy, dist.ReduceOp.SUM)
-        top = torch.tensor([kl_max], dtype=torch.float64, device=sample_entropy.device)
+        names = sorted(memory)
+        top = torch.tensor([kl_max] + [memory[k] for k in names], dtype=torch.float64, device=self.device)
         self._all_reduce(top, dist.ReduceOp.MAX)
-        return float(top)
+        memory.update(zip(names, top[1:].tolist()))
+        return float(top[0])
 
     def check_same(self, params: list[torch.Tensor]) -> None:
         """Every rank holds the same `params` (a float64 sum of each, compared by MAX and MIN):
@@ -205,6 +245,8 @@ def start_learners(cfg: Config, model_path: str, device: torch.device, run_dir, 
     `rl.rollout_correction.mode`: a pure function of the batch), and connect them; returns rank
     0's `Ranks` (this process, the model on `device`), for the learner built next."""
     world = cfg.train.learners
+    if cfg.train.shard == "fsdp" and dist.is_initialized():
+        start_group(None, 0, world, device, None)  # refused with one line before any rank starts
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise UserError(f"train.learners {world}: needs {world} CUDA devices, {torch.cuda.device_count()} found")
     timeout = datetime.timedelta(seconds=cfg.train.learner_timeout_s)
@@ -222,9 +264,13 @@ def start_learners(cfg: Config, model_path: str, device: torch.device, run_dir, 
         peers.append((process, orders))
     _wait_ready(store, peers)
     group = _process_group(store, 0, world, device, timeout)
+    sharded = cfg.train.shard == "fsdp"
+    if sharded:
+        start_group(store, 0, world, device, timeout)
     log(f"learner: {world} data-parallel ranks ({'nccl' if device.type == 'cuda' else 'gloo'}, "
+        f"{'parameters, gradients and optimiser state sharded (FSDP2)' if sharded else 'replicated'}, "
         f"{threads} torch threads each during the update)")
-    return Ranks(0, world, group, threads, peers, where=str(run_dir))
+    return Ranks(0, world, group, threads, peers, where=str(run_dir), sharded=sharded, device=device)
 
 
 def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config, threads: int, device: str,
@@ -237,7 +283,11 @@ def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config,
     model, tok = load_model(model_path, cfg.model.dtype, log=lambda *a: None)
     model = apply_lora(model, cfg.model.lora).to(device)
     store.set(f"ready/{rank}", "1")  # loaded: the group forms now, and its collectives wait `timeout` at most
-    ranks = Ranks(rank, world, _process_group(store, rank, world, torch.device(device), timeout), threads)
+    group = _process_group(store, rank, world, torch.device(device), timeout)
+    sharded = cfg.train.shard == "fsdp"
+    if sharded:
+        start_group(store, rank, world, torch.device(device), timeout)
+    ranks = Ranks(rank, world, group, threads, sharded=sharded, device=device)
     learner = Learner(Policy(model, tok), None, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
                       proximal=cfg.pipeline.proximal, ranks=ranks, correction=correction)
     try:
@@ -247,6 +297,10 @@ def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config,
                 return
             if isinstance(msg, LoadState):
                 learner.load_rank_state(msg.weights, msg.learner)
+            elif isinstance(msg, GatherState):
+                learner.full_optimizer_state()  # rank 0 keeps the gathered state
+            elif isinstance(msg, ScaleLR):
+                learner.scale_lr(msg.factor)
             elif isinstance(msg, Update):
                 crash_point("learner.update")  # recovery tests: a rank dies with an update in hand
                 generator = torch.Generator()
@@ -257,6 +311,8 @@ def learner_main(rank: int, world: int, port: int, model_path: str, cfg: Config,
     except Exception:
         traceback.print_exc()  # rank 0 sees the failed collective and says which rank stopped
         raise SystemExit(1) from None
+    finally:
+        end_group()
 
 
 def _wait_ready(store, peers: list) -> None:

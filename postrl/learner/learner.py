@@ -44,6 +44,7 @@ from postrl.algo.correction import CORRECTIONS, correction_stats, mismatch_stats
 from postrl.algo.losses import LOSS_AGGREGATIONS, LOSSES, aggregate, kl_estimate, truncated_is_weight
 from postrl.config import Config, ModelConfig, RLConfig, TrainConfig
 from postrl.errors import ConfigError
+from postrl.learner import sharded
 from postrl.learner.precision import make_optimizer
 from postrl.model.device import model_device
 from postrl.model.logprobs import hf_decoder_and_head, token_logprobs
@@ -68,6 +69,9 @@ class UpdateStats:
     optimizer_steps: int
     sample_entropy: list[float]
     """Mean token entropy of each completion, from the first pass (for per-domain metrics)."""
+    memory: dict[str, float] = field(default_factory=dict)
+    """`learner/state_mib` and `learner/peak_mib` (`postrl.learner.sharded.memory_mib`), the largest
+    of the ranks'."""
     offpolicy: dict[str, float] = field(default_factory=dict)
     """Off-policy metrics: `mismatch/*` every step (`mismatch_stats`), `offpolicy/*` on a stale
     batch with no rollout correction, `rollout_correction/*` with one."""
@@ -90,6 +94,7 @@ class Learner:
         self.chunk_mib = model_cfg.logits_chunk_mib
         self.device = model_device(policy.model)
         self.forward_model = policy.model
+        """What `build_batch`'s passes call: the sampler's model (rank 0's full one when sharded)."""
         if model_cfg.gradient_checkpointing:
             # non-reentrant: with frozen embeddings (LoRA) the reentrant variant sees inputs that
             # need no gradient and silently drops the gradients of every checkpointed layer
@@ -99,31 +104,60 @@ class Learner:
             else:
                 policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.forward_model = _ModuleForward(policy.model)
+        self.ranks = ranks
+        """`postrl.learner.distributed.Ranks` with `train.learners` > 1: this rank's share, the reductions."""
+        self.sharded = ranks is not None and ranks.sharded
+        self.model = policy.model
+        """The model the update trains: the policy's, or with `train.shard: fsdp` its sharded copy
+        (rank 0: a copy, its sampler keeps the full model; the other ranks: the model itself)."""
+        self.update_model = self.forward_model
+        """What the loss calls: the sharded model through its own forward (FSDP2 gathers in its hooks)."""
+        self.low_precision = next(policy.model.parameters()).dtype != torch.float32
+        """bf16 or fp16 weights: the optimiser keeps float32 masters (sharded: the shards are them)."""
+        if self.sharded:
+            self.model = sharded.shard(policy.model, self.device, copy_first=ranks.rank == 0)
+            self.update_model = _ModuleForward(self.model, split=False)
         self.loss_fn = LOSSES.get(rl.loss)
         self.share = LOSS_AGGREGATIONS.facts(rl.loss_agg, key="rl.loss_agg").share
         """`rl.loss_agg`'s micro-batch weight rule (`AggregationFacts.share`): weights accumulated gradients."""
-        params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.trained = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = make_optimizer(params, lr=train.lr, weight_decay=train.weight_decay)  # bf16: fp32 masters
         warmup = max(1, train.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warmup))
-        self.ranks = ranks
-        """`postrl.learner.distributed.Ranks` with `train.learners` > 1: this rank's share, the reductions."""
         self._ranks_behind = False
         """Rank 0: the other ranks lack this rank's weights or state; they get them with the next update."""
         self._state_changed()  # LoRA's adapters start random and each rank made its own optimiser
+        if self.sharded and ranks.rank == 0:  # LoRA's random adapters: rank 0's, in every rank's shards
+            self.ranks.send_state(self.policy.model.state_dict(), None)
 
     def state_dict(self) -> dict:
         """What a checkpoint holds of the learner: the optimiser's state (with bf16 models its
         float32 master weights, `postrl.learner.precision`), the LR schedule's, and the policy
-        version. The model's weights are not in it: a checkpoint keeps them as a model directory."""
-        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                "policy_version": self.policy.version}
+        version. The model's weights are not in it: a checkpoint keeps them as a model directory.
+        Sharded: the same, gathered whole from the ranks (`Ranks.gather_state`)."""
+        if self.sharded and self.ranks.rank == 0:
+            self.ranks.gather_state()
+        optimizer = self.full_optimizer_state() if self.sharded else self.opt.state_dict()
+        return {"optimizer": optimizer, "scheduler": self.sched.state_dict(), "policy_version": self.policy.version}
+
+    def full_optimizer_state(self) -> dict:
+        """Sharded, on every rank at once (a collective): the optimiser's state gathered whole."""
+        return sharded.full_optimizer_state(self.opt, masters=self.low_precision)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state` (`state_dict`'s), after the model's weights were loaded (bf16: the
         optimiser's master weights are then written over them). The other data-parallel ranks get it
-        with the next update."""
-        self.opt.load_state_dict(state["optimizer"])
+        with the next update; sharded ranks at once, with rank 0's weights, which every rank (rank 0
+        too) loads into its shards before the optimiser's state."""
+        if self.sharded:
+            if self.ranks.rank == 0:
+                weights = self.policy.model.state_dict()
+                self.ranks.send_state(weights, state)
+                sharded.load_weights(self.model, weights)
+            sharded.load_optimizer_state(self.opt, state["optimizer"])
+        else:
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.policy.version = state["policy_version"]
         self._state_changed()
@@ -134,16 +168,24 @@ class Learner:
         for group in self.opt.param_groups:
             group["lr"] *= factor
         self.sched.base_lrs = [lr * factor for lr in self.sched.base_lrs]
+        if self.sharded and self.ranks.rank == 0:
+            self.ranks.scale_lr(factor)
         self._state_changed()
 
     def _state_changed(self) -> None:
-        """The one place that marks the other ranks behind (rank 0 of several; nothing otherwise)."""
-        self._ranks_behind = self.ranks is not None and self.ranks.rank == 0
+        """The one place that marks the other ranks behind (rank 0 of several replicated ones;
+        nothing otherwise: sharded ranks are sent every change when it is made)."""
+        self._ranks_behind = self.ranks is not None and self.ranks.rank == 0 and not self.sharded
 
-    def load_rank_state(self, weights: dict, state: dict) -> None:
-        """Ranks 1..N-1: rank 0's model weights and `state_dict`, as `Ranks` delivers them."""
-        self.policy.model.load_state_dict(weights)
-        self.load_state_dict(state)
+    def load_rank_state(self, weights: dict, state: dict | None) -> None:
+        """Ranks 1..N-1: rank 0's model weights and `state_dict` (None: only the weights), as `Ranks`
+        delivers them."""
+        if self.sharded:
+            sharded.load_weights(self.model, weights)
+        else:
+            self.policy.model.load_state_dict(weights)
+        if state is not None:
+            self.load_state_dict(state)
 
     def dead_ranks(self) -> list[tuple[int, int | None]]:
         """(rank, exit code) of every data-parallel rank that is not running; [] with one learner."""
@@ -225,7 +267,7 @@ class Learner:
                 self.ranks.end()
 
     def _update(self, batch: Batch, kl_coef: float, generator: torch.Generator) -> UpdateStats:
-        model = self.policy.model
+        model = self.model
         sample_entropy = torch.zeros(batch.input_ids.shape[0], device=self.device)
         model.train()
         size = batch.input_ids.shape[0] // self.train_cfg.minibatches
@@ -241,24 +283,38 @@ class Learner:
                 mb_max = self._accumulate(batch, order[start : start + size], kl_coef, totals,
                                           sample_entropy if epoch == 0 else None, probe if steps == 0 else None)
                 kl_max = max(kl_max, mb_max)
-                if self.ranks is not None:
+                if self.ranks is not None and not self.sharded:  # sharded: FSDP2 summed them in the backward
                     self.ranks.sum_grads([p for p in model.parameters() if p.requires_grad])
-                gn = torch.nn.utils.clip_grad_norm_(model.parameters(), self.train_cfg.max_grad_norm)
+                gn = sharded.full(torch.nn.utils.clip_grad_norm_(model.parameters(), self.train_cfg.max_grad_norm))
                 self.opt.step()
                 self.sched.step()
                 self.policy.version += 1
                 steps += 1
                 totals["gn"] += float(gn)
         model.eval()
+        memory = sharded.memory_mib(model, self.opt)
         if self.ranks is not None:
-            kl_max = self.ranks.sum_stats(totals, kl_max, sample_entropy)
+            kl_max = self.ranks.sum_stats(totals, kl_max, sample_entropy, memory)
+        if self.sharded:  # the update's weights, gathered once, into rank 0's sampler
+            self._write_back(sharded.gather(model, self.trained))
+        elif self.ranks is not None:
             self.ranks.check_same([p for p in model.parameters() if p.requires_grad])
         return UpdateStats(
             loss=totals["loss"] / steps, pg_loss=totals["pg"] / steps, kl_mean=totals["kl"] / steps, kl_max=kl_max,
             entropy=totals["ent"] / steps, clip_frac=totals["clip"] / steps, grad_norm=totals["gn"] / steps,
             lr=self.sched.get_last_lr()[0], optimizer_steps=steps, sample_entropy=sample_entropy.tolist(),
-            offpolicy=self._offpolicy_stats(batch, probe),
+            memory=memory, offpolicy=self._offpolicy_stats(batch, probe),
         )
+
+    @torch.no_grad()
+    def _write_back(self, weights: dict[str, torch.Tensor]) -> None:
+        """Rank 0: the sharded update's trained weights, whole, into the sampler's model (rounded to
+        its dtype); the other ranks have nothing to write them to."""
+        if self.ranks.rank != 0:
+            return
+        params = dict(self.policy.model.named_parameters())
+        for name, value in weights.items():
+            params[name].copy_(value)
 
     def _offpolicy_stats(self, batch: Batch, probe: _Probe | None) -> dict[str, float]:
         """The mismatch on the fresh rows the learner forwarded at their sampling version: with a
@@ -286,7 +342,14 @@ class Learner:
         each micro-batch's loss is weighted by its share of the minibatch's aggregation
         denominator, so the summed gradient is the minibatch's."""
         rows, kl_max = mb if self.ranks is None else self.ranks.share(mb), 0.0
-        for micro in self._micro_batches(rows, batch.attention_mask) if len(rows) else []:
+        micros = self._micro_batches(rows, batch.attention_mask) if len(rows) else []
+        if self.sharded:  # FSDP2 gathers weights in each pass: every rank runs as many, some with weight 0
+            micros += [None] * (self.ranks.most(len(micros)) - len(micros))
+        for micro in micros:
+            if micro is None:
+                loss, _ = self._micro_loss(batch, mb[:1], kl_coef, None)
+                (0.0 * loss).backward()
+                continue
             weight = self.share(batch.loss_mask[micro], batch.loss_mask[mb])
             loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy, probe)
             (weight * loss).backward()
@@ -313,7 +376,7 @@ class Learner:
         ids, attn = batch.input_ids[rows, :width], batch.attention_mask[rows, :width]
         mask, old = batch.loss_mask[rows, : width - 1], batch.old_logprobs[rows, : width - 1]
         logp, ent = token_logprobs(
-            self.forward_model, ids, attn, batch.temperatures[rows], with_entropy=True,
+            self.update_model, ids, attn, batch.temperatures[rows], with_entropy=True,
             entropy_grad=rl.entropy_coef > 0, needed=mask, pack=self.train_cfg.pack_sequences,
             chunk_mib=self.chunk_mib,
         )
@@ -491,14 +554,16 @@ def check_whole_groups(groups: list[int], size: int) -> None:
 
 class _ModuleForward:
     """Calls the model's own forward and hides the model from fused fast paths (FastLM), which
-    run the layers' weights directly and so would bypass Hugging Face's gradient checkpointing."""
+    run the layers' weights directly and so would bypass Hugging Face's gradient checkpointing,
+    or FSDP2's gathers. `split=False` (a sharded model): no decoder/head split either, whose
+    direct call of the decoder would skip the root unit's gather of the embeddings and head."""
 
-    def __init__(self, model):
-        self._model = model
+    def __init__(self, model, split: bool = True):
+        self._model, self._split = model, split
 
     def __call__(self, **inputs):
         return self._model(**inputs)
 
     def decoder_and_head(self):
         """The model's own decoder (checkpointed layers) and head, for the chunked log-probs."""
-        return hf_decoder_and_head(self._model)
+        return hf_decoder_and_head(self._model) if self._split else None
