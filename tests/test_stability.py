@@ -3,6 +3,8 @@
 import json
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from postrl.algo.kl_control import AdaptiveKL, FixedKL, make_kl_controller
 from postrl.cli import main
@@ -44,15 +46,20 @@ def test_stop_alert_leaves_a_resumable_run(tiny_model_dir, tmp_path):
 
 
 def test_rollback_restores_the_checkpoint_and_lowers_the_learning_rate(tiny_model_dir, tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    assert main(_args(tiny_model_dir, run_dir, "checkpoint.every_steps=1", "monitor.kl_spike.max_kl=1e-9",
-                      "monitor.kl_spike.action=rollback", "monitor.max_rollbacks=1")) == 0
-    out = capsys.readouterr().out
-    assert "rolled back to step 1; learning rate x0.5 (rollback 1)" in out
-    # the monitor state comes back from the checkpoint too (already fired, quiet while KL stays up)
-    assert "stopping at step" not in out
-    lrs = [json.loads(x)["lr"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert lrs[0] == pytest.approx(1e-4) and lrs[-1] == pytest.approx(0.5e-4)
+    """On one learner and on two sharded ranks (whose rank 1 gets the checkpoint's state and the
+    new learning rate in messages: the same weights at the end say it took both)."""
+    for run, extra in (("one", []), ("sharded", ["train.learners=2", "train.shard=fsdp"])):
+        assert main(_args(tiny_model_dir, tmp_path / run, "checkpoint.every_steps=1", "monitor.kl_spike.max_kl=1e-9",
+                          "monitor.kl_spike.action=rollback", "monitor.max_rollbacks=1", *extra)) == 0
+        out = capsys.readouterr().out
+        assert "rolled back to step 1; learning rate x0.5 (rollback 1)" in out
+        # the monitor state comes back from the checkpoint too (already fired, quiet while KL stays up)
+        assert "stopping at step" not in out
+        lrs = [json.loads(x)["lr"] for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        assert lrs[0] == pytest.approx(1e-4) and lrs[-1] == pytest.approx(0.5e-4)
+    one, two = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("one", "sharded"))
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5)
 
 
 def test_multi_temperature_sampling_stores_each_samples_temperature(tiny_model_dir, tmp_path):
