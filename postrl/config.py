@@ -445,6 +445,9 @@ class RayConfig:
     rollout_gpus: float = ranged(0.0, ge=0)
     """GPUs Ray gives each rollout actor (a fraction shares one); 0 = CPU actors. With GPUs an actor
     samples on the CUDA device Ray assigned it (its CUDA_VISIBLE_DEVICES), whatever run.device is."""
+    reward_gpus: float = ranged(0.0, ge=0)
+    """GPUs Ray gives the reward actor; with them the run's reward models (`reward_models`) score on
+    its GPU, else on its CPU."""
     max_restarts: int = 3
     """Times a dead rollout or reward actor is replaced before the run gives up; also the times Ray
     restarts a dead sandbox actor."""

@@ -218,10 +218,10 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     device = resolve_device(cfg.run.device)  # cuda asked for and absent: an error now, never a CPU fallback
     seed_everything(cfg.seed)
     set_threads(cfg.run.threads)
-    domains = build_domains(cfg)
+    domains = build_domains(cfg, device)  # reward models (`reward_models`) on the trainer's device
     check_gates(cfg.domains, domains, cfg.base_dir)  # domains.NAME.reward_check: below min_kappa, no run
     set_steps_from_epochs(cfg, domains, log)
-    eval_domains = build_domains(dataclasses.replace(cfg, domains=cfg.eval.domains)) if cfg.eval.domains else {}
+    eval_domains = build_domains(dataclasses.replace(cfg, domains=cfg.eval.domains), device) if cfg.eval.domains else {}
     model, tok = load_model(cfg.model.name, cfg.model.dtype, log=log)
     model = apply_lora(model, cfg.model.lora)  # unchanged unless model.lora.r > 0
     model = model.to(device)  # sampler, learner and reference share this device; tensors are made on it

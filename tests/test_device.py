@@ -30,6 +30,8 @@ from postrl.model.device import model_device, resolve_device
 from postrl.model.logprobs import token_logprobs
 from postrl.model.lora import apply_lora, make_reference
 from postrl.records import Task
+from postrl.rewards.models.rm import RewardModel
+from postrl.rewards.verifiers import VerifierSettings, make_verifier
 from postrl.sampling.generate import GenParams
 from postrl.sampling.policy import Policy
 
@@ -163,3 +165,13 @@ def test_eval_puts_the_model_on_the_device_asked_for_and_refuses_a_missing_one(t
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(line), err
     assert len(loaded) == 2  # refused before loading
+
+
+def test_a_reward_model_scores_on_the_device_it_was_loaded_on(tmp_path):
+    RewardModel.create("ab", hidden=16, layers=1).save(tmp_path / "rm")
+    rm = RewardModel.load(tmp_path / "rm", "cpu")
+    with tensors_must_name_their_device():
+        scores = rm.score(["ab", "ba"], ["a", "bb"])
+    assert len(scores) == 2 and model_device(rm.model) == torch.device("cpu")
+    with pytest.raises(UserError, match=r"^domains.NAME.params.rm_device='gpu': expected one of"):
+        make_verifier(f"rm:{tmp_path / 'rm'}", VerifierSettings(rm_device="gpu"))

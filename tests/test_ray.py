@@ -64,10 +64,11 @@ def test_a_ray_run_completes_with_finite_metrics(tiny_model_dir, whole):
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_rollout_actors_asking_for_gpus_the_cluster_lacks_is_one_line(tiny_model_dir, tmp_path):
-    with pytest.raises(UserError, match=r"^config key 'ray.rollout_gpus' = 1: 1 rollout actors need 1 GPUs, the Ray "
-                                        r"cluster has 0; set ray.rollout_gpus=0 to sample on CPUs$"):
-        run_train(tiny_model_dir, tmp_path / "gpus", "engine=ray", "train.total_steps=1", "ray.rollout_gpus=1")
+def test_actors_asking_for_gpus_the_cluster_lacks_is_one_line(tiny_model_dir, tmp_path):
+    with pytest.raises(UserError, match=r"^config keys ray.rollout_gpus = 0.5 x 2 rollout actors \+ ray.reward_gpus = "
+                                        r"1: 2 GPUs, the Ray cluster has 0; set them to 0 to run those actors on CPUs$"):
+        run_train(tiny_model_dir, tmp_path / "gpus", "engine=ray", "train.total_steps=1", "ray.rollout_gpus=0.5",
+                  "ray.rollout_workers=2", "ray.reward_gpus=1")
 
 
 def test_killed_rollout_actor_loses_no_sample(tiny_model_dir, tmp_path, monkeypatch):

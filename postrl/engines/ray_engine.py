@@ -81,7 +81,7 @@ class RolloutWorker:
         if has_environments(cfg):
             from postrl.tasks.catalog import build_domains
 
-            self.envs = build_domains(cfg)
+            self.envs = build_domains(cfg, "cuda" if cfg.ray.rollout_gpus else "cpu")
             for name, backend in (sandboxes or {}).items():
                 self.envs[name].use_sandbox(backend)
 
@@ -104,7 +104,9 @@ class RewardWorker:
 
         load_extensions(cfg.imports)  # before the domains: they may be the extensions' own
         torch.set_num_threads(1)
-        self.cfg, self.domains, self.sandboxes = cfg, build_domains(cfg), sandboxes
+        # reward models (`reward_models`) on the GPU Ray gave this actor (ray.reward_gpus), else the CPU
+        self.cfg, self.sandboxes = cfg, sandboxes
+        self.domains = build_domains(cfg, "cuda" if cfg.ray.reward_gpus else "cpu")
         for name, backend in sandboxes.items():
             self.domains[name].use_sandbox(backend)
 
@@ -124,12 +126,14 @@ class Flight:
     """Object ref of the scored `Rollout`."""
 
 
-def check_gpus(workers: int, each: float) -> None:
+def check_gpus(workers: int, each: float, reward: float) -> None:
     """One line, instead of actors that wait forever for GPUs the cluster does not have."""
     have = ray.cluster_resources().get("GPU", 0)
-    if workers * each > have:
-        raise UserError(f"config key 'ray.rollout_gpus' = {each:g}: {workers} rollout actors need {workers * each:g} "
-                        f"GPUs, the Ray cluster has {have:g}; set ray.rollout_gpus=0 to sample on CPUs")
+    if workers * each + reward > have:
+        asked = [f"ray.rollout_gpus = {each:g} x {workers} rollout actors"] if each else []
+        asked += [f"ray.reward_gpus = {reward:g}"] if reward else []
+        raise UserError(f"config keys {' + '.join(asked)}: {workers * each + reward:g} GPUs, the Ray cluster has "
+                        f"{have:g}; set them to 0 to run those actors on CPUs")
 
 
 class RayEngine(Pipeline):
@@ -147,13 +151,13 @@ class RayEngine(Pipeline):
             p.requires_grad_(False)
         self._model_ref = ray.put(model)  # one copy in the object store, shared by every (re)started worker
         try:
-            check_gpus(r.rollout_workers, r.rollout_gpus)
+            check_gpus(r.rollout_workers, r.rollout_gpus, r.reward_gpus)
         except UserError:
             if self._owns_ray:
                 ray.shutdown()
             raise
         self._actor = (ray.remote(num_cpus=1, num_gpus=r.rollout_gpus)(RolloutWorker),
-                       ray.remote(num_cpus=0)(RewardWorker))
+                       ray.remote(num_cpus=0, num_gpus=r.reward_gpus)(RewardWorker))
         self._sandbox_seen: dict[str, dict] = {}  # domain -> what of its fleet was logged
         self.sandbox_fleets, self.sandboxes = self._start_sandboxes()
         self.workers = [self._new_worker() for _ in range(r.rollout_workers)]

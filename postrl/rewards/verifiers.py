@@ -64,6 +64,8 @@ class VerifierSettings(SandboxSettings):
     """Directory that `rm:DIR` and user modules resolve against (the recipe's)."""
     rm_batch_size: int = 0
     """rm:DIR: inputs per forward pass of the reward model; 0 = the model's own (postrl_rm.json)."""
+    rm_device: str = "cpu"
+    """rm:DIR: where the reward model runs (cpu, cuda, cuda:N)."""
     params_key: str = "domains.NAME.params."
     """Where a recipe writes these settings, for messages (a dataset domain's `domains.NAME.params.`)."""
 
@@ -325,11 +327,13 @@ class RewardModelVerifier:
     text; replies are scored `rm_batch_size` at a time."""
 
     def __init__(self, arg: str, settings: VerifierSettings):
+        from postrl.model.device import resolve_device
         from postrl.rewards.models.rm import RewardModel  # imports transformers: only for runs that use one
 
         self.extract_spec = settings.extract or "none"
         self.extractor = make_extractor(self.extract_spec, "domains.NAME.params.extract")
-        self.model = RewardModel.load(resolve(arg, settings.base_dir))
+        self.model = RewardModel.load(resolve(arg, settings.base_dir),
+                                      resolve_device(settings.rm_device, f"{settings.params_key}rm_device="))
         self.batch_size = settings.rm_batch_size
 
     def score(self, tasks: Sequence[Task], responses: Sequence[Response]) -> list[Score]:

@@ -43,16 +43,17 @@ def available_domains() -> list[str]:
     return DOMAINS.names()
 
 
-def build_domains(cfg: Config) -> dict[str, Domain]:
+def build_domains(cfg: Config, rm_device: str = "cpu") -> dict[str, Domain]:
     """The recipe's domains, by key. Reward models (`reward_models`) are registered as reward terms
-    first: a domain's reward terms may name them."""
+    first, on `rm_device` (the trainer: its model's device; a Ray actor: its GPU, if it was given one):
+    a domain's reward terms may name them."""
     if cfg.reward_models:
         from postrl.rewards.models.rm import (
             register_rm_term,  # imports transformers: only for runs that use one
         )
 
         for term, model_dir in cfg.reward_models.items():
-            register_rm_term(term, model_dir)
+            register_rm_term(term, model_dir, rm_device)
     # a domain given tools or a turn limit becomes an environment (postrl.tasks.env)
     domains = {name: as_environment(make_domain(dcfg.type or name, recipe_params(dcfg.type or name, dcfg.params,
                                                                                  cfg.base_dir), cfg.seed, name), dcfg, name)

@@ -123,6 +123,8 @@ class DatasetParams(SandboxSettings):
     """split_by: every value given a verifier; a row with another value is a bad row (filled by the config)."""
     rm_batch_size: int = 0
     """rm:DIR: replies per forward pass of the reward model; 0 = the model's own (`postrl rm train --score-batch-size`)."""
+    rm_device: str = "cpu"
+    """rm:DIR: where the reward model runs (cpu, cuda, cuda:N)."""
     base_dir: str = ""
     """Directory relative paths resolve against; empty = the recipe's (`Config.base_dir`)."""
 
@@ -150,6 +152,7 @@ class Dataset:
         p = self.params
         settings = VerifierSettings(**asdict(sandbox_settings(p)), extract=p.extract, tolerance=p.tolerance,
                                     tests_style=p.tests_style, base_dir=p.base_dir, rm_batch_size=p.rm_batch_size,
+                                    rm_device=p.rm_device,
                                     params_key=self._key(""))
         self.verifier = make_verifier(p.verifier, settings, key=self._key("verifier"))
         self.reward_components = verifier_facts(p.verifier).components

@@ -128,13 +128,14 @@ class RewardModel:
         return cls(seq, tok, meta, peft_model=peft)
 
     @classmethod
-    def load(cls, path: str | Path) -> RewardModel:
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> RewardModel:
+        """The reward model saved at `path`, on `device`."""
         path = Path(path)
         if not (path / "config.json").is_file():
             raise UserError(f"{path}: not a reward model directory (no config.json)")
         meta_path = path / META_FILE
         meta = RmMeta(**json.loads(meta_path.read_text())) if meta_path.is_file() else None
-        model = AutoModelForSequenceClassification.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path).to(device)
         return cls(model.eval(), AutoTokenizer.from_pretrained(path), meta)
 
     def save(self, path: str | Path) -> None:
@@ -174,8 +175,8 @@ class RewardModel:
             rows.append(ids[-self.meta.max_length:] or [self.tokenizer.pad_token_id])
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device="cpu")  # moved by `logits`
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device="cpu")
         return ids, mask
 
     def logits(self, prompts: list[Text], replies: list[Text]) -> torch.Tensor:
@@ -280,9 +281,9 @@ def _optimise(rm: RewardModel, train: list[Pair], steps: int, batch_size: int, l
     return losses
 
 
-def register_rm_term(name: str, model_dir: str | Path) -> RewardModel:
-    """Register a trained reward model as the reward term `name` (sigmoid of its score)."""
-    rm = RewardModel.load(model_dir)
+def register_rm_term(name: str, model_dir: str | Path, device: str | torch.device = "cpu") -> RewardModel:
+    """Register a trained reward model, on `device`, as the reward term `name` (sigmoid of its score)."""
+    rm = RewardModel.load(model_dir, device)
 
     def term(tasks, responses) -> list[float]:
         raw = rm.score([task_prompt(t) for t in tasks], [r.text for r in responses])
