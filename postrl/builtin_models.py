@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from postrl.model import load as policy_model
-from postrl.pretrain import BUILTIN_MODELS, ensure_tiny_model
+from postrl.model.chartok import build_char_tokenizer
+from postrl.pretrain import BUILTIN_MODELS, base_config, ensure_tiny_model
 
 
 def resolve_model_path(name: str, log=print) -> Path:
@@ -29,3 +30,13 @@ def load_model(name: str, dtype: str = "float32", log=print):
     """(model, tokenizer) in eval mode, for a built-in name, an HF directory or a GGUF file.
     A missing or corrupt model raises UserError with one line naming the path and what is wrong."""
     return policy_model.load_model(str(resolve_model_path(name, log=log)), dtype, log=log)
+
+
+def load_config_and_tokenizer(name: str):
+    """(config, tokenizer) of a model by name, without its weights: a built-in name's from the spec
+    it is pretrained from (nothing is pretrained), any other's read by `postrl.model.load`."""
+    if name in BUILTIN_MODELS:
+        spec = BUILTIN_MODELS[name]()
+        tok = build_char_tokenizer(spec.alphabet())
+        return base_config(spec, tok), tok
+    return policy_model.load_config_and_tokenizer(str(resolve_model_path(name)))

@@ -240,7 +240,12 @@ def corpus_batch(rng: random.Random, spec: PretrainSpec, tok) -> tuple[torch.Ten
 
 
 def build_model(spec: PretrainSpec, tok) -> LlamaForCausalLM:
-    config = LlamaConfig(
+    return LlamaForCausalLM(base_config(spec, tok))
+
+
+def base_config(spec: PretrainSpec, tok) -> LlamaConfig:
+    """The architecture of the model `spec` pretrains, known before (and without) pretraining it."""
+    return LlamaConfig(
         vocab_size=len(tok),
         hidden_size=spec.hidden_size,
         intermediate_size=4 * spec.hidden_size,
@@ -253,7 +258,6 @@ def build_model(spec: PretrainSpec, tok) -> LlamaForCausalLM:
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
-    return LlamaForCausalLM(config)
 
 
 def pretrain(spec: PretrainSpec, out_dir: str | Path, log=print) -> Path:

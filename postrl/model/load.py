@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 from transformers.utils import logging as hf_logging
 
 from postrl.errors import UserError
@@ -65,17 +65,15 @@ def load_model(name: str, dtype: str = "float32", log=print):
     """(model, tokenizer) in eval mode. The tokenizer pads on the left, for generation.
     `name`: a path or a packaged GGUF name; for the built-in names use `postrl.builtin_models.load_model`."""
     path = resolve_model_path(name)
+    source, kwargs = _source(path)
     try:
         if path.suffix == ".gguf":
             log(f"loading {path.name} (dequantising GGUF to {dtype})")
-            # from_pretrained takes the directory plus the file name inside it
             # dequantize=True even where a GGUF matmul kernel exists: blocks in the file's format
             # cannot be trained, so the weights become plain dense tensors of `dtype`
-            source, kwargs = path.parent, {"gguf_file": path.name}
             model_kwargs = {**kwargs, "quantization_config": GgufConfig(dequantize=True)}
         else:
             json.loads((path / "config.json").read_text())
-            source, kwargs = path, {}
             model_kwargs = kwargs
         tok = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **model_kwargs)
@@ -89,6 +87,23 @@ def load_model(name: str, dtype: str = "float32", log=print):
         tok.pad_token = tok.eos_token
     model.eval()
     return model, tok
+
+
+def load_config_and_tokenizer(name: str):
+    """(config, tokenizer) of a model, its weights left unread. `name`: as for `load_model`.
+    A GGUF file's metadata is parsed all the same: seconds for SmolLM2's vocabulary."""
+    path = resolve_model_path(name)
+    source, kwargs = _source(path)
+    try:
+        return AutoConfig.from_pretrained(source, **kwargs), AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot read the model config at {path}: {first}") from None
+
+
+def _source(path: Path) -> tuple[Path, dict]:
+    """What `from_pretrained` takes for `path`: a GGUF file is its directory plus the file's name."""
+    return (path.parent, {"gguf_file": path.name}) if path.suffix == ".gguf" else (path, {})
 
 
 def _forget_gguf_origin(model) -> None:

@@ -14,9 +14,12 @@ from postrl.records import Sample, Task
 from postrl.sampling.backends import SamplingBackend, backend_factory, make_backend
 from postrl.sampling.generate import Generation, GenParams
 
+MAX_BATCH = 512
+"""Sequences generated at once by default (bounds KV-cache memory); a larger call runs in chunks."""
+
 
 class Policy:
-    def __init__(self, model, tokenizer, max_batch: int = 512, rollout: RolloutConfig | None = None):
+    def __init__(self, model, tokenizer, max_batch: int = MAX_BATCH, rollout: RolloutConfig | None = None):
         self.model = model
         self.tok = tokenizer
         self.max_batch = max_batch
@@ -70,18 +73,8 @@ class Policy:
         return self.encode_task(Task("", "", text, ""))
 
     def encode_task(self, task: Task, tools: list[dict] | None = None) -> list[int]:
-        """The prompt's token ids. A model with a chat template gets the task's chat messages
-        (system and user turns; `prompt` as the one user message when the domain gives none)
-        through its template, with the assistant turn opened; `tools` (JSON schemas) go to a
-        template that renders them (`renders_tools`). A model without one (the built-in character
-        models) gets `prompt` as plain text: it was never taught chat turns."""
-        if getattr(self.tok, "chat_template", None):
-            messages = list(task.messages) if task.messages else [{"role": "user", "content": task.prompt}]
-            extra = {"tools": tools} if tools else {}
-            # return_dict=False: transformers 5 otherwise returns a BatchEncoding (list() of it gives its keys)
-            return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False, **extra))
-        return self.tok(task.prompt)["input_ids"]
+        """The prompt's token ids (`prompt_ids` with this policy's tokenizer)."""
+        return prompt_ids(self.tok, task, tools)
 
     def renders_tools(self) -> bool:
         """Whether the chat template describes tools itself from `tools=` (Qwen2.5, Hermes), rather
@@ -148,6 +141,21 @@ class Policy:
             text=text, finish_reason=gen.finish_reason, temperature=params.temperature,
             policy_version=self.version, timings={"sample_s": 0.0},  # the chunk's share, set when it ends
         )
+
+
+def prompt_ids(tok, task: Task, tools: list[dict] | None = None) -> list[int]:
+    """The prompt's token ids. A tokenizer with a chat template gets the task's chat messages
+    (system and user turns; `prompt` as the one user message when the domain gives none) through
+    its template, with the assistant turn opened; `tools` (JSON schemas) go to a template that
+    renders them (`Policy.renders_tools`). One without (the built-in character models) gets
+    `prompt` as plain text: its model was never taught chat turns."""
+    if getattr(tok, "chat_template", None):
+        messages = list(task.messages) if task.messages else [{"role": "user", "content": task.prompt}]
+        extra = {"tools": tools} if tools else {}
+        # return_dict=False: transformers 5 otherwise returns a BatchEncoding (list() of it gives its keys)
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            return_dict=False, **extra))
+    return tok(task.prompt)["input_ids"]
 
 
 class _GroupTracker:
