@@ -184,13 +184,19 @@ class Run:
 
     def check_learners(self, step: int) -> None:
         """`train.learners` > 1: a learner rank that is gone stops the run here, between steps, with
-        a checkpoint of this step to resume from."""
+        a checkpoint of this step to resume from; sharded (`train.shard: fsdp`), the rank's shards are
+        gone with it, and the run resumes from its newest checkpoint."""
         dead = self.learner.dead_ranks()
         if not dead:
             return
+        ranks = ", ".join(f"rank {r} (exit code {code})" for r, code in dead)
+        if self.learner.sharded:
+            self.learner.close()
+            raise UserError(f"learner {ranks} stopped before step {step}, and its shards of the parameters and "
+                            f"optimiser state with it; the newest checkpoint is where the run continues: "
+                            f"postrl train --resume {self.dir}")
         save_checkpoint(self, step, None)
         self.learner.close()
-        ranks = ", ".join(f"rank {r} (exit code {code})" for r, code in dead)
         raise UserError(f"learner {ranks} stopped before step {step}; a checkpoint of step {step} was written: "
                         f"postrl train --resume {self.dir}")
 

@@ -5,13 +5,11 @@ or hangs during an update ends the run with one line instead of hanging."""
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
-from test_async import ARGS, rows, run_train, same_weights, weights
+from test_async import rows, run_train, same_weights, weights
 from test_processes import metrics
 
 from postrl.errors import UserError
@@ -61,17 +59,27 @@ def test_a_two_rank_run_resumes_bitwise(tiny_model_dir, tmp_path, uninterrupted)
     assert rows(uninterrupted) == rows(resumed)
 
 
-def test_a_killed_sharded_run_resumes_bitwise(tiny_model_dir, tmp_path):
-    """The trainer (rank 0) SIGKILLed after step 3 was stored, the step-2 checkpoint written by the
-    ranks' gathered optimiser state: resumed, it ends where the uninterrupted sharded run ends."""
+def test_a_killed_sharded_run_resumes_bitwise(tiny_model_dir, tmp_path, monkeypatch):
+    """Rank 1 SIGKILLed before step 3: its shards are gone, so the run stops with one line naming
+    the newest checkpoint (step 2's, the ranks' optimiser state gathered whole); resumed, it ends
+    where the uninterrupted sharded run ends, bit for bit."""
     steps = ["train.total_steps=4", "checkpoint.every_steps=2", *FSDP]
     whole = run_train(tiny_model_dir, tmp_path / "whole", *steps)
-    cut = tmp_path / "cut"
-    args = ["train", "recipes/default.yaml", f"model.name={tiny_model_dir}", f"run.dir={cut}", *ARGS, *steps]
-    killed = subprocess.run([sys.executable, "-m", "postrl", *args], capture_output=True, text=True,
-                            env={**os.environ, "POSTRL_CRASH_AT": "step.stored:3"})
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    resumed = train(resume_config(cut, []), resume=True, log=lambda *a: None)
+    check = Run.check_learners
+
+    def kill_rank_1_before_step_3(self, step):
+        if step == 3:
+            process = self.learner.ranks.peers[0][0]
+            os.kill(process.pid, signal.SIGKILL)
+            process.join(timeout=30)
+        check(self, step)
+
+    monkeypatch.setattr(Run, "check_learners", kill_rank_1_before_step_3)
+    with pytest.raises(UserError, match=r"^learner rank 1 \(exit code -9\) stopped before step 3, and its shards .* "
+                                        r"the newest checkpoint is where the run continues: postrl train --resume .*cut$"):
+        run_train(tiny_model_dir, tmp_path / "cut", *steps)
+    monkeypatch.setattr(Run, "check_learners", check)
+    resumed = train(resume_config(tmp_path / "cut", []), resume=True, log=lambda *a: None)
     assert same_weights(weights(whole), weights(resumed))
     assert rows(whole) == rows(resumed)
 
