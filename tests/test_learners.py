@@ -22,6 +22,21 @@ TWO = ["train.learners=2", "train.minibatches=2"]  # two optimiser steps per upd
 FSDP = [*TWO, "train.shard=fsdp"]
 
 
+def kill_rank_1_before_step_3(monkeypatch):
+    """`Run.check_learners` patched to SIGKILL learner rank 1 first at step 3; returns the original."""
+    check = Run.check_learners
+
+    def kill_then_check(self, step):
+        if step == 3:
+            process = self.learner.ranks.peers[0][0]
+            os.kill(process.pid, signal.SIGKILL)
+            process.join(timeout=30)
+        check(self, step)
+
+    monkeypatch.setattr(Run, "check_learners", kill_then_check)
+    return check
+
+
 @pytest.mark.parametrize("extra", [[], ["model.lora.r=4"]], ids=["full", "lora"])  # lora: random adapters, rank 0's
 def test_two_ranks_replicated_or_sharded_give_one_ranks_parameters(tiny_model_dir, tmp_path, extra):
     one = run_train(tiny_model_dir, tmp_path / "one", "train.total_steps=3", "train.minibatches=2", *extra)
@@ -65,16 +80,7 @@ def test_a_killed_sharded_run_resumes_bitwise(tiny_model_dir, tmp_path, monkeypa
     where the uninterrupted sharded run ends, bit for bit."""
     steps = ["train.total_steps=4", "checkpoint.every_steps=2", *FSDP]
     whole = run_train(tiny_model_dir, tmp_path / "whole", *steps)
-    check = Run.check_learners
-
-    def kill_rank_1_before_step_3(self, step):
-        if step == 3:
-            process = self.learner.ranks.peers[0][0]
-            os.kill(process.pid, signal.SIGKILL)
-            process.join(timeout=30)
-        check(self, step)
-
-    monkeypatch.setattr(Run, "check_learners", kill_rank_1_before_step_3)
+    check = kill_rank_1_before_step_3(monkeypatch)
     with pytest.raises(UserError, match=r"^learner rank 1 \(exit code -9\) stopped before step 3, and its shards .* "
                                         r"the newest checkpoint is where the run continues: postrl train --resume .*cut$"):
         run_train(tiny_model_dir, tmp_path / "cut", *steps)
@@ -86,16 +92,7 @@ def test_a_killed_sharded_run_resumes_bitwise(tiny_model_dir, tmp_path, monkeypa
 
 def test_a_rank_gone_between_steps_stops_the_run_with_a_checkpoint_that_resumes(
         tiny_model_dir, tmp_path, uninterrupted, monkeypatch):
-    check = Run.check_learners
-
-    def kill_rank_1_before_step_3(self, step):
-        if step == 3:
-            process = self.learner.ranks.peers[0][0]
-            os.kill(process.pid, signal.SIGKILL)
-            process.join(timeout=30)
-        check(self, step)
-
-    monkeypatch.setattr(Run, "check_learners", kill_rank_1_before_step_3)
+    check = kill_rank_1_before_step_3(monkeypatch)
     with pytest.raises(UserError, match=r"^learner rank 1 \(exit code -9\) stopped before step 3; a checkpoint "
                                         r"of step 3 was written: postrl train --resume .*cut$"):
         run_train(tiny_model_dir, tmp_path / "cut", "train.total_steps=4", "checkpoint.every_steps=2", *TWO)

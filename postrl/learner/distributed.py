@@ -55,7 +55,7 @@ from postrl.errors import UserError
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
 from postrl.learner.learner import Learner
-from postrl.learner.sharded import end_group, start_group
+from postrl.learner.sharded import end_group, refuse_a_default_group, start_group
 from postrl.model.load import load_model
 from postrl.model.lora import apply_lora
 from postrl.records import Batch
@@ -245,8 +245,8 @@ def start_learners(cfg: Config, model_path: str, device: torch.device, run_dir, 
     `rl.rollout_correction.mode`: a pure function of the batch), and connect them; returns rank
     0's `Ranks` (this process, the model on `device`), for the learner built next."""
     world = cfg.train.learners
-    if cfg.train.shard == "fsdp" and dist.is_initialized():
-        start_group(None, 0, world, device, None)  # refused with one line before any rank starts
+    if cfg.train.shard == "fsdp":
+        refuse_a_default_group()  # before any rank starts
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise UserError(f"train.learners {world}: needs {world} CUDA devices, {torch.cuda.device_count()} found")
     timeout = datetime.timedelta(seconds=cfg.train.learner_timeout_s)

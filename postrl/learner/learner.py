@@ -120,9 +120,10 @@ class Learner:
         self.loss_fn = LOSSES.get(rl.loss)
         self.share = LOSS_AGGREGATIONS.facts(rl.loss_agg, key="rl.loss_agg").share
         """`rl.loss_agg`'s micro-batch weight rule (`AggregationFacts.share`): weights accumulated gradients."""
-        self.trained = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt = make_optimizer(params, lr=train.lr, weight_decay=train.weight_decay)  # bf16: fp32 masters
+        trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.trained = [n for n, _ in trained]
+        """Names of the weights the update changes (sharded: what it gathers for the sampler)."""
+        self.opt = make_optimizer([p for _, p in trained], lr=train.lr, weight_decay=train.weight_decay)  # bf16: fp32 masters
         warmup = max(1, train.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warmup))
         self._ranks_behind = False

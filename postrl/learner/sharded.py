@@ -45,13 +45,18 @@ from postrl.errors import UserError
 def start_group(store, rank: int, world: int, device: torch.device, timeout: datetime.timedelta) -> None:
     """torch.distributed's default process group over `store` (FSDP2's device mesh is built on a
     group c10d knows; the replicated learner uses a group of its own). One run at a time in a process."""
+    refuse_a_default_group()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.PrefixStore("postrl-fsdp", store), rank=rank, world_size=world,
+                            timeout=timeout, device_id=device if device.type == "cuda" else None)
+
+
+def refuse_a_default_group() -> None:
+    """One line when this process already has torch.distributed's default group (`start_group`'s)."""
     if dist.is_initialized():
         raise UserError("train.shard fsdp: this process already has a torch.distributed default process group "
                         "(another run, or the caller's own); FSDP2 needs its own: end it first "
                         "(torch.distributed.destroy_process_group())")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.PrefixStore("postrl-fsdp", store), rank=rank, world_size=world,
-                            timeout=timeout, device_id=device if device.type == "cuda" else None)
 
 
 def end_group() -> None:
