@@ -100,7 +100,7 @@ def test_the_train_command_exits_2_in_a_fresh_process(tmp_path):
 def test_the_default_recipes_name_only_registered_things():
     from postrl.config import load_config
 
-    for recipe in ("default", "multidomain", "hacking", "smollm2-arith"):
+    for recipe in ("default", "multidomain", "hacking", "smollm2-arith", "smollm2-joint"):
         names.check_names(load_config(f"recipes/{recipe}.yaml"))
 
 

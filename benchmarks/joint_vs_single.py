@@ -1,0 +1,313 @@
+"""Several domains trained jointly into one real model, against each trained alone: is there a seesaw?
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/joint_vs_single.py [--quick] [--out DIR] [--fresh]
+
+The recipe (recipes/smollm2-joint.yaml) trains SmolLM2-135M-Instruct with LoRA on three domains of
+different kinds, all from JSONL files a user could have brought: word problems graded by the math
+verifier after a chain of thought (GSM8K format), reasoning-gym's letter_counting (exported with
+`postrl export-rg`, an exact-number answer) and reasoning-gym's products with the calculator tool
+(a two-turn episode). An eval-only control (one-step multiplication word problems) is never trained on.
+
+Arms, each given the same number of sampled completions (same steps x prompts x samples, dynamic
+sampling off): the base model; each domain trained alone; all three jointly with a uniform mixture
+(`curriculum.schedule: fixed`); all three jointly with the learnability curriculum. The joint runs
+evaluate every few steps with the seesaw alerts on. Every arm is measured on the same held-out
+problems (200 a domain; one sample at T=0.7 with the same seeds, and greedy), and each change is
+reported with its paired standard error against the base model (benchmarks/gain_common.py).
+
+Each arm's result is kept in OUT/<arm>.json (with its run directory under OUT/runs/): run the
+script again and it goes on from the first arm it has not finished, as long as the settings are the
+same (`--fresh` starts over). The total time printed is the sum of the arms' own times.
+
+Targets (issue 31): in the joint curriculum arm every trained domain above its base by more than
+2 SE and no domain below its base by more than 2 SE; on each domain the joint curriculum arm within
+2 SE of, or above, the domain's single arm; the whole benchmark within 3 hours on 2 CPU cores;
+`--quick` (fewer problems and steps: the shape of the result, not its significance) in 20 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from gain_common import measure, paired_se, scores  # benchmarks/, on the path when this script runs
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+from postrl.builtin_models import load_model
+from postrl.config import generation_limits, load_config
+from postrl.loop import train
+from postrl.monitor.alerts import read_alerts
+from postrl.monitor.report import read_evals, series_figure
+from postrl.monitor.sinks import read_metrics
+from postrl.sampling.policy import Policy
+from postrl.store.query import query
+from postrl.tasks.catalog import build_domains
+
+RECIPE = "recipes/smollm2-joint.yaml"
+TARGET_GAIN_SE = 2.0
+TARGET_DROP_SE = 2.0
+TARGET_HOURS = 3.0
+
+FULL = {"problems": 200, "steps": 4, "prompts": 8, "samples": 8, "eval_every": 2, "eval_problems": 12, "max_tokens": 0}
+"""4 steps x 8 prompts x 8 samples an arm: on 2 CPU cores a step of 64 SmolLM2 completions takes ~5 min
+(sampling ~75 s, the LoRA update with its reference pass ~230 s) and measuring one policy on 4 x 200
+problems ~14 min, so six policies and five arms fill the 3 hours."""
+QUICK = {"problems": 8, "steps": 1, "prompts": 4, "samples": 4, "eval_every": 1, "eval_problems": 4, "max_tokens": 64}
+"""--quick: the same arms, 8 problems a domain, one step of 16 completions, replies cut at 64 tokens:
+the shape of the run, not its significance."""
+
+
+def arms(trained: list[str]) -> dict[str, tuple[list[str], str | None]]:
+    """{arm: (its overrides of the recipe, the one domain it trains or None for all)}."""
+    single = {f"single_{name}": (["curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"], name)
+              for name in trained}
+    return {**single, "joint_uniform": (["curriculum.schedule=fixed"], None),
+            "joint_curriculum": (["curriculum.schedule=learnability"], None)}
+
+
+def fingerprint(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_avg() -> float:
+    return os.getloadavg()[0]
+
+
+class Arms:
+    """Runs and measures the arms, keeping each one's result on disk (OUT/<arm>.json)."""
+
+    def __init__(self, out: Path, recipe: str, size: dict, fresh: bool):
+        self.out, self.recipe, self.size = out, recipe, size
+        self.bench = load_config(recipe, [f"eval.num_problems={size['problems']}", *self.token_cap(recipe)])
+        self.trained = list(self.bench.domains)
+        domains = build_domains(self.bench) | build_domains(dataclasses.replace(self.bench, domains=self.bench.eval.domains))
+        self.suites = {name: (d, d.heldout(size["problems"])) for name, d in domains.items()}
+        self.tokens = {name: generation_limits(self.bench, name)[0] for name in self.suites}
+        b = self.bench
+        self.measure_key = fingerprint(b.model, b.domains, b.eval.domains, b.eval.temperature, b.seed, self.tokens,
+                                       {name: [t.task_id for t in tasks] for name, (_, tasks) in self.suites.items()})
+        """What a measurement depends on: the base model's result is kept while only training settings change."""
+        out.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for path in out.glob("*.json"):
+                path.unlink()
+
+    def run(self, arm: str, overrides: list[str] | None, only: str | None = None) -> dict:
+        """An arm's result, kept or made: train (unless `overrides` is None: the base model), then
+        measure on every domain's held-out problems."""
+        path = self.out / f"{arm}.json"
+        key = self.key(overrides, only)
+        if path.is_file():
+            kept = json.loads(path.read_text())
+            if kept.get("key") == key:
+                print(f"{arm}: kept from {path} ({kept['seconds'] / 60:.1f} min when it ran)", flush=True)
+                return kept
+        t0, loads = time.perf_counter(), [load_avg()]
+        run_dir, model, train_s = None, self.bench.model.name, 0.0
+        if overrides is not None:
+            run_dir = self.out / "runs" / arm
+            cfg = load_config(self.recipe, [*self.common(), *overrides, f"run.dir={run_dir}"])
+            if only:  # one trained domain, its recipe entry kept whole; the others are measured only
+                cfg = dataclasses.replace(cfg, domains={only: cfg.domains[only]})
+            print(f"{arm}: training {', '.join(cfg.domains)} for {cfg.train.total_steps} steps "
+                  f"({cfg.curriculum.schedule} schedule) -> {run_dir}", flush=True)
+            train(cfg, log=lambda *_: None)
+            train_s = time.perf_counter() - t0
+            loads.append(load_avg())
+            model = str(run_dir / "final")
+        print(f"{arm}: measuring {model}", flush=True)
+        policy = Policy(*load_model(model, self.bench.model.dtype, log=lambda *_: None))
+        results = measure(policy, self.suites, self.bench, self.tokens)
+        loads.append(load_avg())
+        kept = {"key": key, "arm": arm, "results": results, "seconds": time.perf_counter() - t0,
+                "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,
+                "completions": completions(run_dir) if run_dir else 0}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(kept))
+        os.replace(tmp, path)
+        return kept
+
+    def key(self, overrides: list[str] | None, only: str | None) -> str:
+        """An arm's settings: the measurement's, and for a trained arm the recipe and the run's size."""
+        if overrides is None:
+            return self.measure_key
+        return fingerprint(self.measure_key, Path(self.recipe).read_text(), self.size, overrides, only)
+
+    def token_cap(self, recipe: str) -> list[str]:
+        """Overrides that cut every domain's replies at size["max_tokens"] (0: the recipe's own)."""
+        cap = self.size["max_tokens"]
+        if not cap:
+            return []
+        cfg = load_config(recipe, [])
+        return [f"train.max_new_tokens={min(cap, cfg.train.max_new_tokens)}",
+                *(f"domains.{name}.max_new_tokens={min(cap, generation_limits(cfg, name)[0])}" for name in cfg.domains),
+                *(f"eval.domains.{name}.max_new_tokens={min(cap, generation_limits(cfg, name)[0])}"
+                  for name in cfg.eval.domains)]
+
+    def common(self) -> list[str]:
+        s = self.size
+        return [*self.token_cap(self.recipe), f"train.total_steps={s['steps']}", f"train.prompts_per_step={s['prompts']}",
+                f"train.samples_per_prompt={s['samples']}", f"eval.every_steps={s['eval_every']}",
+                f"eval.num_problems={s['eval_problems']}", "curriculum.dynamic_sampling=false",
+                "run.progress=false", "checkpoint.every_steps=0", "run.overwrite=true"]
+
+
+def completions(run_dir: Path) -> dict[str, int]:
+    """The sampled completions a run trained on, per domain, counted in its rollout store."""
+    rows = query(run_dir, "SELECT domain, count(*) FROM rollouts GROUP BY domain ORDER BY domain").rows
+    return {domain: int(n) for domain, n in rows}
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def change(base: dict, after: dict) -> tuple[float, float]:
+    """(pass@1 after - before, its paired standard error): one sample a problem."""
+    return scores(after, 1)["pass@1"] - scores(base, 1)["pass@1"], paired_se(base, after, 1)
+
+
+def in_se(delta: float, se: float) -> float:
+    """A change in standard errors; a change on identical answers (SE 0) is 0 or +/-inf."""
+    return delta / se if se > 0 else (0.0 if delta == 0 else math.copysign(math.inf, delta))
+
+
+def table(results: dict[str, dict], domains: list[str], trained: list[str]) -> None:
+    base = results["base"]["results"]
+    names = list(results)
+    print("\nheld-out pass@1 at T=0.7, one sample a problem (change vs base +/- 2 paired SE); greedy in brackets")
+    print("| domain | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for d in domains:
+        cells = []
+        for arm in names:
+            r = results[arm]["results"][d]
+            s = scores(r, 1)
+            cell = f"{s['pass@1']:.3f} ({s['greedy']:.3f})"
+            if arm != "base":
+                delta, se = change(base[d], r)
+                cell += f" {delta:+.3f}+/-{2 * se:.3f}"
+            cells.append(cell)
+        role = "" if d in trained else " (control)"
+        print(f"| {d}{role} | " + " | ".join(cells) + " |")
+
+
+def gains_in_se(results: dict[str, dict], domains: list[str]) -> dict[str, float]:
+    """Each domain's pass@1 change in the joint curriculum arm against the base model, in paired SE."""
+    base, joint = results["base"]["results"], results["joint_curriculum"]["results"]
+    return {d: in_se(*change(base[d], joint[d])) for d in domains}
+
+
+def headline(gains: dict[str, float], trained: list[str]) -> tuple[float, float]:
+    """(the smallest trained domain's gain, the largest drop below base of any domain, 0 if none), in SE."""
+    return min(gains[d] for d in trained), max(0.0, *(-g for g in gains.values()))
+
+
+def seesaws(results: dict[str, dict], domains: list[str], trained: list[str]) -> list[str]:
+    """Where a single-domain arm pushed another domain below its base by more than 2 SE."""
+    base, found = results["base"]["results"], []
+    for name in trained:
+        arm = results[f"single_{name}"]["results"]
+        for d in domains:
+            delta, se = change(base[d], arm[d])
+            if d != name and in_se(delta, se) < -2:
+                found.append(f"single_{name} squeezed {d}: {delta:+.3f} ({in_se(delta, se):+.1f} SE)")
+    return found
+
+
+def joint_against_single(results: dict[str, dict], trained: list[str]) -> list[tuple[str, float, float]]:
+    """Per trained domain: (domain, joint curriculum - single arm, paired SE between the two arms)."""
+    joint = results["joint_curriculum"]["results"]
+    return [(d, *change(results[f"single_{d}"]["results"][d], joint[d])) for d in trained]
+
+
+def curriculum_story(run_dir: Path, trained: list[str]) -> list[str]:
+    """What the joint curriculum run spent its samples on, step by step, and its domain weights."""
+    metrics = read_metrics(run_dir)
+    lines = ["| step | " + " | ".join(f"{d} weight / batch share / pass rate" for d in trained) + " |",
+             "|---|" + "---|" * len(trained)]
+    for step, m in metrics.items():
+        cells = [f"{m.get(f'curriculum/weight/{d}', math.nan):.2f} / {m.get(f'batch/{d}', 0):.2f} / "
+                 f"{m.get(f'pass_rate/{d}', math.nan):.2f}" for d in trained]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(run_dir: Path, trained: list[str], path: Path) -> None:
+    """Held-out pass@1 per domain at each in-run eval, and the curriculum's domain weights."""
+    evals = {}
+    for e in read_evals(run_dir):
+        if e.step is not None:
+            for d, r in e.results.items():
+                evals.setdefault(d, []).append((e.step, r["pass@1"]))
+    weights = {d: [(s, m[f"curriculum/weight/{d}"]) for s, m in read_metrics(run_dir).items()
+                   if f"curriculum/weight/{d}" in m] for d in trained}
+    alerts = read_alerts(run_dir)
+    for series, title, ylabel, suffix in [(evals, "Joint curriculum run: held-out pass@1 (in-run eval)", "pass@1", "eval"),
+                                          (weights, "Joint curriculum run: domain weights", "sampling weight", "weights")]:
+        fig = series_figure(title, ylabel, {k: v for k, v in series.items() if v}, alerts)
+        FigureCanvasAgg(fig).print_png(str(path.with_name(f"{path.stem}-{suffix}.png")))
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="24 problems a domain, 3 steps an arm: the shape, in minutes")
+    ap.add_argument("--recipe", default=RECIPE)
+    ap.add_argument("--out", default="", help="where the arms' results and runs are kept (default runs/joint_vs_single[_quick])")
+    ap.add_argument("--fresh", action="store_true", help="forget the arms kept in --out and run them all")
+    ap.add_argument("--plot", default="", help="write the joint curriculum run's curves to PATH-eval.png and PATH-weights.png")
+    args = ap.parse_args(argv)
+    size = QUICK if args.quick else FULL
+    out = Path(args.out or ("runs/joint_vs_single_quick" if args.quick else "runs/joint_vs_single"))
+    bench = Arms(out, args.recipe, size, args.fresh)
+    trained, domains = bench.trained, list(bench.suites)
+    print(f"{args.recipe}: trained {trained}, control {[d for d in domains if d not in trained]}; "
+          f"{size['problems']} held-out problems a domain, {size['steps']} steps x {size['prompts']} prompts x "
+          f"{size['samples']} samples an arm; load {load_avg():.2f}", flush=True)
+    results = {"base": bench.run("base", None)}
+    for arm, (overrides, only) in arms(trained).items():
+        results[arm] = bench.run(arm, overrides, only)
+
+    table(results, domains, trained)
+    print("\nsampled completions trained on, per arm: " + "; ".join(
+        f"{arm} {sum(r['completions'].values())} ({', '.join(f'{d} {n}' for d, n in r['completions'].items())})"
+        for arm, r in results.items() if r["completions"]))
+
+    gains = gains_in_se(results, domains)
+    print("\njoint curriculum vs base, in SE: " + ", ".join(f"{d} {g:+.1f}" for d, g in gains.items()))
+    print("joint curriculum vs each single arm on its own domain (difference +/- 2 paired SE):")
+    for d, delta, se in joint_against_single(results, trained):
+        verdict = "within 2 SE or above" if in_se(delta, se) >= -2 else "BELOW by more than 2 SE"
+        print(f"  {d}: {delta:+.3f} +/- {2 * se:.3f} ({verdict})")
+    squeezed = seesaws(results, domains, trained)
+    print("single-domain arms that squeezed another domain below its base by more than 2 SE: "
+          + ("; ".join(squeezed) if squeezed else "none"))
+    for arm in ("joint_uniform", "joint_curriculum"):
+        alerts = [a for a in read_alerts(results[arm]["run_dir"]) if a.name == "seesaw"]
+        print(f"{arm}: {len(alerts)} seesaw alert(s)" + "".join(f"\n  step {a.step}: {a.message}" for a in alerts))
+    run_dir = Path(results["joint_curriculum"]["run_dir"])
+    print("\nthe joint curriculum run, step by step (postrl report " + str(run_dir) + " draws it):")
+    print("\n".join(curriculum_story(run_dir, trained)))
+    if args.plot:
+        plot(run_dir, trained, Path(args.plot))
+
+    seconds = sum(r["seconds"] for r in results.values())
+    loads = [x for r in results.values() for x in r["load"]]
+    print(f"\ntotal {seconds / 3600:.2f} h over the arms (target {TARGET_HOURS:.0f} h; --quick: 20 min); "
+          f"load average {min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}) on "
+          f"{os.cpu_count()} CPUs")
+    min_gain, worst_drop = headline(gains, trained)
+    print(f"RESULT joint_min_gain_se={min_gain:.2f} target={TARGET_GAIN_SE:.0f}")
+    print(f"RESULT joint_worst_drop_se={worst_drop:.2f} target<={TARGET_DROP_SE:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,89 @@
+"""The joint-vs-single benchmark's data and arithmetic (benchmarks/joint_vs_single.py, issue 31): the
+shipped code problems pass their own asserts through the recipe's verifier in the sandbox and hold
+out functions never trained on; the report finds a seesaw and computes its headline in SE."""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from postrl.config import load_config
+from postrl.records import Response
+from postrl.tasks.catalog import build_domains
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import joint_vs_single as bench  # noqa: E402
+
+RECIPE = ROOT / "recipes" / "smollm2-joint.yaml"
+
+
+def rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (ROOT / "recipes" / "data" / name).read_text().splitlines()]
+
+
+def test_the_shipped_code_problems_pass_their_own_asserts_in_the_sandbox_and_a_wrong_body_does_not():
+    cfg = load_config(RECIPE, [])
+    code = build_domains(dataclasses.replace(cfg, domains={"code": cfg.domains["code"]}))["code"]
+    try:
+        tasks = code.heldout(200)[:40]
+        fenced = [Response(f"Here it is:\n```python\n{t.answer}\n```", "stop") for t in tasks]
+        assert len(tasks) == 40 and all(s.correct for s in code.score(tasks, fenced))
+        # the same function with its last operator changed fails at least one of its asserts
+        wrong = [Response("```python\n" + t.answer.rstrip()[:-1] + ("2" if t.answer.rstrip()[-1] != "2" else "3")
+                          + "\n```", "stop") for t in tasks]
+        assert sum(bool(s.correct) for s in code.score(tasks, wrong)) <= 4
+    finally:
+        code.close()
+
+
+def test_the_held_out_code_functions_are_never_trained_on():
+    test, train = rows("code_test.jsonl"), rows("code_train.jsonl")
+    assert len(test) == 200 and len({r["text"] for r in test}) == 200
+    assert not {r["text"] for r in test} & {r["text"] for r in train}
+    assert all(len(r["test_list"]) == 3 and r["test_list"][0].startswith("assert ") for r in test + train)
+
+
+def result(correct: list[int], greedy: list[bool] | None = None) -> dict:
+    return {"correct": correct, "greedy": greedy or [bool(c) for c in correct]}
+
+
+def test_the_report_finds_a_single_arms_seesaw_and_the_headline_in_standard_errors():
+    n = 100
+    base = {"a": result([0] * 90 + [1] * 10), "b": result([1] * 50 + [0] * 50), "ctl": result([1] * 20 + [0] * 80)}
+    lifted = result([1] * 40 + [0] * 50 + [1] * 10)        # a: 0.10 -> 0.50
+    squeezed = result([0] * 30 + [1] * 20 + [0] * 50)     # b: 0.50 -> 0.20
+    results = {
+        "base": {"results": base},
+        "single_a": {"results": {"a": lifted, "b": squeezed, "ctl": base["ctl"]}},
+        "single_b": {"results": {"a": base["a"], "b": result([1] * 60 + [0] * 40), "ctl": base["ctl"]}},
+        "joint_curriculum": {"results": {"a": lifted, "b": result([1] * 60 + [0] * 40),
+                                         "ctl": result([1] * 19 + [0] * 81)}},
+    }
+    found = bench.seesaws(results, ["a", "b", "ctl"], ["a", "b"])
+    assert len(found) == 1 and found[0].startswith("single_a squeezed b: -0.300")
+    gains = bench.gains_in_se(results, ["a", "b", "ctl"])
+    # a: +0.40 with per-problem differences 40 ones and 60 zeros: SE = sqrt(0.4 * 0.6 * 100 / 99 / 100)
+    assert abs(gains["a"] - 0.4 / (0.24 * n / (n - 1) / n) ** 0.5) < 1e-9
+    assert gains["b"] > 2 and -2 < gains["ctl"] < 0
+    min_gain, worst_drop = bench.headline(gains, ["a", "b"])
+    assert min_gain == min(gains["a"], gains["b"]) and worst_drop == -gains["ctl"] > 0
+    assert bench.headline({"a": 3.0, "ctl": 0.5}, ["a"]) == (3.0, 0.0)  # no drop: 0
+    vs_single = dict((d, (delta, se)) for d, delta, se in bench.joint_against_single(results, ["a", "b"]))
+    assert vs_single["a"] == (0.0, 0.0) and abs(vs_single["b"][0]) < 1e-12
+
+
+def test_each_arm_is_kept_and_a_changed_setting_runs_it_again(tmp_path):
+    arms = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
+    kept = {"key": arms.key(None, None), "arm": "base", "results": {}, "seconds": 1.0, "load": [0.5], "completions": {}}
+    (tmp_path / "base.json").write_text(json.dumps(kept))
+    assert arms.run("base", None) == kept  # nothing is trained or measured again
+    # more steps: the base model's measurement still holds, a trained arm's does not
+    longer = bench.Arms(tmp_path, str(RECIPE), {**bench.QUICK, "steps": 2}, fresh=False)
+    assert longer.key(None, None) == arms.key(None, None)
+    assert longer.key(["curriculum.schedule=fixed"], None) != arms.key(["curriculum.schedule=fixed"], None)
+    assert arms.key(["curriculum.schedule=fixed"], "code") != arms.key(["curriculum.schedule=fixed"], None)
+    # other problems: nothing holds
+    other = bench.Arms(tmp_path, str(RECIPE), {**bench.QUICK, "problems": 5}, fresh=False)
+    assert other.key(None, None) != arms.key(None, None)
+    assert bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=True) and not (tmp_path / "base.json").exists()
