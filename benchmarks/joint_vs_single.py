@@ -5,8 +5,8 @@
 The recipe (recipes/smollm2-joint.yaml) trains SmolLM2-135M-Instruct with LoRA on three domains of
 different kinds, all from JSONL files a user could have brought: word problems graded by the math
 verifier after a chain of thought (GSM8K format), reasoning-gym's letter_counting (exported with
-`postrl export-rg`, an exact-number answer) and reasoning-gym's products with the calculator tool
-(a two-turn episode). An eval-only control (one-step multiplication word problems) is never trained on.
+`postrl export-rg`, an exact-number answer) and MBPP-format Python functions graded by their asserts
+in the sandbox. An eval-only control (one-step multiplication word problems) is never trained on.
 
 Arms, each given the same number of sampled completions (same steps x prompts x samples, dynamic
 sampling off): the base model; each domain trained alone; all three jointly with a uniform mixture
@@ -15,9 +15,11 @@ evaluate every few steps with the seesaw alerts on. Every arm is measured on the
 problems (200 a domain; one sample at T=0.7 with the same seeds, and greedy), and each change is
 reported with its paired standard error against the base model (benchmarks/gain_common.py).
 
-Each arm's result is kept in OUT/<arm>.json (with its run directory under OUT/runs/): run the
-script again and it goes on from the first arm it has not finished, as long as the settings are the
-same (`--fresh` starts over). The total time printed is the sum of the arms' own times.
+Each arm's result is kept in OUT/<arm>.json (with its run directory under OUT/runs/, and
+OUT/<arm>.trained.json once its training has finished): run the script again and it goes on from
+the first arm it has not finished, without training again an arm whose training had finished, as
+long as the settings are the same (`--fresh` starts over). The arms run with the joint ones first,
+since the acceptance rests on them. The total time printed is the sum of the arms' own times.
 
 Targets (issue 31): in the joint curriculum arm every trained domain above its base by more than
 2 SE and no domain below its base by more than 2 SE; on each domain the joint curriculum arm within
@@ -66,11 +68,17 @@ the shape of the run, not its significance."""
 
 
 def arms(trained: list[str]) -> dict[str, tuple[list[str], str | None]]:
-    """{arm: (its overrides of the recipe, the one domain it trains or None for all)}."""
+    """{arm: (its overrides of the recipe, the one domain it trains or None for all)}, in the order
+    they run: the joint arms first (the acceptance rests on them), then each domain alone."""
     single = {f"single_{name}": (["curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"], name)
               for name in trained}
-    return {**single, "joint_uniform": (["curriculum.schedule=fixed"], None),
-            "joint_curriculum": (["curriculum.schedule=learnability"], None)}
+    return {"joint_curriculum": (["curriculum.schedule=learnability"], None),
+            "joint_uniform": (["curriculum.schedule=fixed"], None), **single}
+
+
+def columns(trained: list[str]) -> list[str]:
+    """The table's order: the base model, each domain alone, then jointly."""
+    return ["base", *(f"single_{name}" for name in trained), "joint_uniform", "joint_curriculum"]
 
 
 def fingerprint(*parts) -> str:
@@ -114,26 +122,40 @@ class Arms:
         run_dir, model, train_s = None, self.bench.model.name, 0.0
         if overrides is not None:
             run_dir = self.out / "runs" / arm
-            cfg = load_config(self.recipe, [*self.common(), *overrides, f"run.dir={run_dir}"])
-            if only:  # one trained domain, its recipe entry kept whole; the others are measured only
-                cfg = dataclasses.replace(cfg, domains={only: cfg.domains[only]})
-            print(f"{arm}: training {', '.join(cfg.domains)} for {cfg.train.total_steps} steps "
-                  f"({cfg.curriculum.schedule} schedule) -> {run_dir}", flush=True)
-            train(cfg, log=lambda *_: None)
-            train_s = time.perf_counter() - t0
-            loads.append(load_avg())
+            trained = self.trained_run(arm, key, run_dir)
+            if trained:
+                train_s, loads = trained["train_seconds"], trained["load"]
+                print(f"{arm}: its training kept from {run_dir} ({train_s / 60:.1f} min when it ran)", flush=True)
+            else:
+                cfg = load_config(self.recipe, [*self.common(), *overrides, f"run.dir={run_dir}"])
+                if only:  # one trained domain, its recipe entry kept whole; the others are measured only
+                    cfg = dataclasses.replace(cfg, domains={only: cfg.domains[only]})
+                print(f"{arm}: training {', '.join(cfg.domains)} for {cfg.train.total_steps} steps "
+                      f"({cfg.curriculum.schedule} schedule) -> {run_dir}", flush=True)
+                train(cfg, log=lambda *_: None)
+                train_s = time.perf_counter() - t0
+                loads.append(load_avg())
+                write_json(self.out / f"{arm}.trained.json", {"key": key, "train_seconds": train_s, "load": loads})
             model = str(run_dir / "final")
+        t1 = time.perf_counter()
         print(f"{arm}: measuring {model}", flush=True)
         policy = Policy(*load_model(model, self.bench.model.dtype, log=lambda *_: None))
         results = measure(policy, self.suites, self.bench, self.tokens)
         loads.append(load_avg())
-        kept = {"key": key, "arm": arm, "results": results, "seconds": time.perf_counter() - t0,
+        kept = {"key": key, "arm": arm, "results": results, "seconds": train_s + time.perf_counter() - t1,
                 "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,
                 "completions": completions(run_dir) if run_dir else 0}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(kept))
-        os.replace(tmp, path)
+        write_json(path, kept)
         return kept
+
+    def trained_run(self, arm: str, key: str, run_dir: Path) -> dict | None:
+        """The record of this arm's finished training, when it was made with these settings and its
+        final weights are there (the arm was stopped while it was being measured)."""
+        path = self.out / f"{arm}.trained.json"
+        if not path.is_file() or not (run_dir / "final").is_dir():
+            return None
+        record = json.loads(path.read_text())
+        return record if record.get("key") == key else None
 
     def key(self, overrides: list[str] | None, only: str | None) -> str:
         """An arm's settings: the measurement's, and for a trained arm the recipe and the run's size."""
@@ -158,6 +180,12 @@ class Arms:
                 f"train.samples_per_prompt={s['samples']}", f"eval.every_steps={s['eval_every']}",
                 f"eval.num_problems={s['eval_problems']}", "curriculum.dynamic_sampling=false",
                 "run.progress=false", "checkpoint.every_steps=0", "run.overwrite=true"]
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
 
 
 def completions(run_dir: Path) -> dict[str, int]:
@@ -258,7 +286,7 @@ def plot(run_dir: Path, trained: list[str], path: Path) -> None:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="24 problems a domain, 3 steps an arm: the shape, in minutes")
+    ap.add_argument("--quick", action="store_true", help="8 problems a domain, one step an arm: the shape, in minutes")
     ap.add_argument("--recipe", default=RECIPE)
     ap.add_argument("--out", default="", help="where the arms' results and runs are kept (default runs/joint_vs_single[_quick])")
     ap.add_argument("--fresh", action="store_true", help="forget the arms kept in --out and run them all")
@@ -274,6 +302,7 @@ def main(argv: list[str]) -> int:
     results = {"base": bench.run("base", None)}
     for arm, (overrides, only) in arms(trained).items():
         results[arm] = bench.run(arm, overrides, only)
+    results = {arm: results[arm] for arm in columns(trained)}
 
     table(results, domains, trained)
     print("\nsampled completions trained on, per arm: " + "; ".join(

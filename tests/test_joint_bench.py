@@ -87,3 +87,17 @@ def test_each_arm_is_kept_and_a_changed_setting_runs_it_again(tmp_path):
     other = bench.Arms(tmp_path, str(RECIPE), {**bench.QUICK, "problems": 5}, fresh=False)
     assert other.key(None, None) != arms.key(None, None)
     assert bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=True) and not (tmp_path / "base.json").exists()
+
+
+def test_an_arm_stopped_while_measured_keeps_its_finished_training_and_only_that(tmp_path):
+    arms = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
+    overrides = ["curriculum.schedule=fixed"]
+    run_dir = tmp_path / "runs" / "joint_uniform"
+    record = {"key": arms.key(overrides, None), "train_seconds": 5.0, "load": [0.5, 0.6]}
+    (tmp_path / "joint_uniform.trained.json").write_text(json.dumps(record))
+    assert arms.trained_run("joint_uniform", record["key"], run_dir) is None  # no final weights: train again
+    (run_dir / "final").mkdir(parents=True)
+    assert arms.trained_run("joint_uniform", record["key"], run_dir) == record
+    assert arms.trained_run("joint_uniform", arms.key(overrides, "code"), run_dir) is None  # other settings
+    assert bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=True)
+    assert not (tmp_path / "joint_uniform.trained.json").exists()
