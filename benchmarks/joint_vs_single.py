@@ -41,13 +41,12 @@ import time
 from pathlib import Path
 
 from gain_common import measure, paired_se, scores  # benchmarks/, on the path when this script runs
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from postrl.builtin_models import load_model
 from postrl.config import generation_limits, load_config
 from postrl.loop import train
 from postrl.monitor.alerts import read_alerts
-from postrl.monitor.report import read_evals, series_figure
+from postrl.monitor.report import read_evals, series_svg
 from postrl.monitor.sinks import read_metrics
 from postrl.sampling.policy import Policy
 from postrl.store.query import query
@@ -280,8 +279,8 @@ def plot(run_dir: Path, trained: list[str], path: Path) -> None:
     alerts = read_alerts(run_dir)
     for series, title, ylabel, suffix in [(evals, "Joint curriculum run: held-out pass@1 (in-run eval)", "pass@1", "eval"),
                                           (weights, "Joint curriculum run: domain weights", "sampling weight", "weights")]:
-        fig = series_figure(title, ylabel, {k: v for k, v in series.items() if v}, alerts)
-        FigureCanvasAgg(fig).print_png(str(path.with_name(f"{path.stem}-{suffix}.png")))
+        svg = series_svg(title, ylabel, {k: v for k, v in series.items() if v}, alerts)
+        path.with_name(f"{path.stem}-{suffix}.svg").write_text(svg)
 
 
 def main(argv: list[str]) -> int:
@@ -290,7 +289,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--recipe", default=RECIPE)
     ap.add_argument("--out", default="", help="where the arms' results and runs are kept (default runs/joint_vs_single[_quick])")
     ap.add_argument("--fresh", action="store_true", help="forget the arms kept in --out and run them all")
-    ap.add_argument("--plot", default="", help="write the joint curriculum run's curves to PATH-eval.png and PATH-weights.png")
+    ap.add_argument("--plot", default="", help="write the joint curriculum run's curves to PATH-eval.svg and PATH-weights.svg")
     args = ap.parse_args(argv)
     size = QUICK if args.quick else FULL
     out = Path(args.out or ("runs/joint_vs_single_quick" if args.quick else "runs/joint_vs_single"))

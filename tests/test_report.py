@@ -1,19 +1,22 @@
-"""report.html from synthetic run directories: plots (images and titles), alerts, eval table, gaps."""
+"""report.html from synthetic run directories: plots (SVG images and titles), alerts, eval table, gaps."""
 
 from __future__ import annotations
 
 import base64
+import doctest
 import io
 import json
 import math
 import re
+import xml.etree.ElementTree as ET
 
 import pytest
 from rich.console import Console
 
 from postrl import cli
+from postrl.monitor import svgplot
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples
-from postrl.monitor.report import EVAL_PLOT_TITLE, PLOTS, series_figure, write_report
+from postrl.monitor.report import EVAL_PLOT_TITLE, PLOTS, series_svg, write_report
 from postrl.monitor.sinks import make_sinks
 
 DOMAINS = ("arith", "code")
@@ -62,7 +65,7 @@ def _titles(page: str) -> list[str]:
 
 
 def _images(page: str) -> list[bytes]:
-    return [base64.b64decode(b) for b in re.findall(r"<img [^>]*src='data:image/png;base64,([^']+)'", page)]
+    return [base64.b64decode(b) for b in re.findall(r"<img [^>]*src='data:image/svg\+xml;base64,([^']+)'", page)]
 
 
 def test_full_run_has_every_plot_with_title_and_image(full_run):
@@ -73,7 +76,7 @@ def test_full_run_has_every_plot_with_title_and_image(full_run):
     assert _titles(page) == expected
     images = _images(page)
     assert len(images) == len(expected) == page.count("<img ")
-    assert all(img.startswith(b"\x89PNG\r\n\x1a\n") for img in images)
+    assert all(ET.fromstring(img).tag == "{http://www.w3.org/2000/svg}svg" for img in images)  # well-formed SVG
     assert "Not plotted" not in page
     for title in ("Reward per domain", "Pass rate per domain", "KL to reference", "Entropy", "Response length",
                   "Clip fraction", "Throughput", "Curriculum weights"):
@@ -94,12 +97,27 @@ def test_page_is_self_contained_with_alerts_eval_table_and_config(full_run):
 
 def test_alerts_are_vertical_lines_at_their_steps():
     alerts = [Alert(3, "kl_spike", "m", "warn"), Alert(7, "non_finite", "m", "stop")]
-    fig = series_figure("KL", "nats", {"kl/mean": [(s, 0.1 * s) for s in range(10)]}, alerts)
-    ax = fig.axes[0]
-    vertical = [ln for ln in ax.lines if len(set(ln.get_xdata())) == 1]
-    assert sorted(ln.get_xdata()[0] for ln in vertical) == [3, 7]
-    assert ax.get_title() == "KL"
-    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"kl/mean", "alert (warn)", "alert (stop)"}
+    svg = ET.fromstring(series_svg("KL", "nats", {"kl/mean": [(s, 0.1 * s) for s in range(10)]}, alerts))
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    lines = svg.findall(".//s:line[@class='alert']", ns)
+    assert [ln.find("s:title", ns).text for ln in lines] == ["step 3: alert (warn)", "step 7: alert (stop)"]
+    ticks = sorted((int(t.text), float(t.get("x"))) for t in svg.findall("s:text[@text-anchor='middle']", ns)
+                   if t.text.isdigit())  # the step axis' labels, where they are drawn
+    (a, xa), (b, xb) = ticks[0], ticks[-1]
+    assert [float(ln.get("x1")) for ln in lines] == [pytest.approx(xa + (xb - xa) * (s - a) / (b - a), abs=0.1)
+                                                     for s in (3, 7)]
+    assert all(ln.get("x1") == ln.get("x2") for ln in lines)
+    assert svg.findall("s:text", ns)[0].text == "KL"
+    assert [t.text for t in svg.findall("s:text[@class='legend']", ns)] == ["kl/mean", "alert (warn)", "alert (stop)"]
+
+
+def test_a_non_finite_value_breaks_the_curve_and_a_flat_or_single_point_series_still_draws():
+    svg = ET.fromstring(series_svg("Loss", "loss", {"loss": [(0, 1.0), (1, math.nan), (2, 0.5), (3, 0.4)]}, []))
+    path = svg.find(".//{http://www.w3.org/2000/svg}path").get("d")
+    assert path.count("M") == 2 and path.count("L") == 1  # 0 | 2-3: a gap where the loss was nan
+    for series in ({"lr": [(0, 1e-4), (1, 1e-4)]}, {"reward": [(0, 0.5)]}):
+        svg = series_svg("x", "y", series, [])
+        assert "nan" not in svg and "inf" not in svg and ET.fromstring(svg).find(".//{http://www.w3.org/2000/svg}circle") is not None
 
 
 def test_partial_one_step_run_skips_missing_plots_and_says_so(tmp_path):
@@ -149,3 +167,8 @@ def test_report_from_a_real_two_step_run(tiny_model_dir, tmp_path, monkeypatch, 
         assert title in titles
     assert len(_images(page)) == len(titles)
     assert "<td>step_2</td><td>arith</td>" in page
+
+
+def test_the_tick_examples_of_the_plots_hold():
+    result = doctest.testmod(svgplot)
+    assert result.attempted > 0 and result.failed == 0

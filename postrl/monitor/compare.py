@@ -6,7 +6,7 @@ Three parts, in this order: curves of every run overlaid on one plot per metric 
 rate, KL, entropy, response length, each domain's pass rate, each domain's eval results), the
 eval tables (the last eval of each run, one column per run, then each run's full history), and
 the config difference (every key whose value is not the same in all runs). Plots are inline
-PNG like `report.html`'s: nothing is loaded from anywhere, so the page works offline.
+SVG like `report.html`'s: nothing is loaded from anywhere, so the page works offline.
 
 A run is told apart by its directory name (parent/name when two runs share a name). Colour
 says which run, line style which series of that run.
@@ -22,8 +22,6 @@ from itertools import cycle
 from pathlib import Path
 
 import yaml
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from postrl.errors import UserError
 from postrl.monitor.report import (
@@ -35,14 +33,15 @@ from postrl.monitor.report import (
     eval_table,
     fmt_number,
     html_table,
+    img,
     load_run,
     metric_series,
-    png,
 )
+from postrl.monitor.svgplot import PALETTE, Line, line_plot
 
 COMPARE_FILE = "compare.html"
-COLOURS = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#f0e442")
-STYLES = ("-", "--", ":", "-.")
+STYLES = ("", "6 3", "2 3", "8 3 2 3")
+"""Solid, dashed, dotted, dash-dot (SVG stroke-dasharray)."""
 # (title, y label, metric) of the overlaid curves; per-domain pass rates and evals follow them.
 CURVES = [
     ("Reward", "mean reward", "reward/mean"),
@@ -63,24 +62,12 @@ Lines = dict[tuple[str, str], list[tuple[int, float]]]
 """(run label, series name) -> (step, value) points."""
 
 
-def overlay_png(title: str, ylabel: str, lines: Lines, labels: list[str]) -> str:
-    """One plot, a colour per run, a line style per series; base64 PNG."""
-    fig = Figure(figsize=(6.4, 3.6), dpi=80, layout="constrained")
-    ax = fig.add_subplot()
-    colour = dict(zip(labels, cycle(COLOURS)))
+def overlay_svg(title: str, ylabel: str, lines: Lines, labels: list[str]) -> str:
+    """One plot, a colour per run, a line style per series; SVG text."""
+    colour = dict(zip(labels, cycle(PALETTE)))
     style = dict(zip(sorted({name for _, name in lines}), cycle(STYLES)))
-    for (label, name), points in lines.items():
-        xs, ys = zip(*points)
-        legend = label if len(style) == 1 else f"{label}: {name}"
-        ax.plot(xs, ys, color=colour[label], linestyle=style[name], label=legend,
-                marker="o" if len(points) <= 30 else None, markersize=3)
-    ax.set_title(title)
-    ax.set_xlabel("step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7 if len(lines) > 6 else 8, loc="best")
-    return png(fig)
+    return line_plot(title, ylabel, [Line(label if len(style) == 1 else f"{label}: {name}", points, colour[label],
+                                          style[name]) for (label, name), points in lines.items()])
 
 
 def eval_lines(runs: list[RunData], labels: list[str], domain: str) -> Lines:
@@ -105,7 +92,7 @@ def compare_figures(runs: list[RunData], labels: list[str]) -> tuple[list[Render
     for title, ylabel, metric in specs:
         lines = {(label, metric): pts for run, label in zip(runs, labels) if (pts := metric_series(run.metrics, metric))}
         if lines:
-            figures.append(RenderedPlot(title, overlay_png(title, ylabel, lines, labels)))
+            figures.append(RenderedPlot(title, overlay_svg(title, ylabel, lines, labels)))
         else:
             skipped.append(f"{title} (no {metric} in any run)")
     domains = sorted({d for r in runs for e in r.evals for d in e.results})
@@ -113,7 +100,7 @@ def compare_figures(runs: list[RunData], labels: list[str]) -> tuple[list[Render
         title = f"Eval: {domain}"
         lines = eval_lines(runs, labels, domain)
         if lines:
-            figures.append(RenderedPlot(title, overlay_png(title, "score", lines, labels)))
+            figures.append(RenderedPlot(title, overlay_svg(title, "score", lines, labels)))
     if not domains:
         skipped.append("Eval per domain (no eval/step_N.json in any run)")
     return figures, skipped
@@ -193,8 +180,7 @@ def render_comparison(runs: list[RunData]) -> str:
         "<h2>Runs</h2>", summary(runs, labels),
         "<h2>Curves</h2><div class=grid>",
     ]
-    parts += [f"<figure class=plot><h3>{html.escape(f.title)}</h3>"
-              f"<img alt='{html.escape(f.title)}' src='data:image/png;base64,{f.png}'></figure>" for f in figures]
+    parts += [f"<figure class=plot><h3>{html.escape(f.title)}</h3>{img(f)}</figure>" for f in figures]
     parts.append("</div>")
     if skipped:
         parts.append("<h2>Not plotted</h2><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in skipped) + "</ul>")

@@ -1,4 +1,4 @@
-"""`report.html`: one self-contained page per run (plots as inline base64 PNG, no other files).
+"""`report.html`: one self-contained page per run (plots as inline SVG images, no other files).
 
     path = write_report("runs/demo")        # -> runs/demo/report.html
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import math
 import os
@@ -20,13 +19,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
-
 from postrl.errors import UserError
 from postrl.monitor.alerts import ALERTS_FILE, SAMPLES_DIR, Alert, read_alerts
 from postrl.monitor.sinks import METRICS_FILE, read_metrics
+from postrl.monitor.svgplot import Line, VLine, line_plot
 
 REPORT_FILE = "report.html"
 EVAL_DIR = "eval"
@@ -135,39 +131,14 @@ def load_run(run_dir: str | Path) -> RunData:
 # ---------------------------------------------------------------------------- drawing
 
 
-def png(fig: Figure) -> str:
-    buf = io.BytesIO()
-    FigureCanvasAgg(fig).print_png(buf)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+def alert_lines(alerts: list[Alert]) -> list[VLine]:
+    """An alert is a vertical line at its step, coloured by its action."""
+    return [VLine(a.step, _ACTION_COLOUR.get(a.action, "red"), f"alert ({a.action})") for a in alerts]
 
 
-def _draw_alerts(ax, alerts: list[Alert]) -> None:
-    labelled: set[str] = set()
-    for a in alerts:
-        label = None if a.action in labelled else f"alert ({a.action})"
-        labelled.add(a.action)
-        ax.axvline(a.step, color=_ACTION_COLOUR.get(a.action, "red"), linestyle="--", linewidth=1, label=label)
-
-
-def plot_series(title: str, ylabel: str, series: dict[str, list[tuple[int, float]]], alerts: list[Alert]) -> str:
-    """A line plot of named (step, value) series with alert lines; returns base64 PNG."""
-    return png(series_figure(title, ylabel, series, alerts))
-
-
-def series_figure(title: str, ylabel: str, series: dict[str, list[tuple[int, float]]], alerts: list[Alert]) -> Figure:
-    fig = Figure(figsize=(6.4, 3.4), dpi=80, layout="constrained")
-    ax = fig.add_subplot()
-    for name, points in series.items():
-        xs, ys = zip(*points)
-        ax.plot(xs, ys, label=name, marker="o" if len(points) <= 30 else None, markersize=3)
-    _draw_alerts(ax, alerts)
-    ax.set_title(title)
-    ax.set_xlabel("step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole; a 2-step run shows 0, 1
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7 if len(series) > 6 else 8, loc="best")
-    return fig
+def series_svg(title: str, ylabel: str, series: dict[str, list[tuple[int, float]]], alerts: list[Alert]) -> str:
+    """A line plot of named (step, value) series with the alerts across it, as SVG text."""
+    return line_plot(title, ylabel, [Line(name, points) for name, points in series.items()], alert_lines(alerts))
 
 
 def metric_series(metrics: dict[int, dict[str, float]], name: str) -> list[tuple[int, float]]:
@@ -188,7 +159,13 @@ def eval_series(evals: list[EvalResult]) -> dict[str, list[tuple[int, float]]]:
 @dataclass
 class RenderedPlot:
     title: str
-    png: str
+    svg: str
+
+
+def img(plot: RenderedPlot) -> str:
+    """The plot as an <img> of an inline SVG data URL (drawn like any image, nothing fetched)."""
+    data = base64.b64encode(plot.svg.encode()).decode("ascii")
+    return f"<img alt='{html.escape(plot.title)}' src='data:image/svg+xml;base64,{data}'>"
 
 
 def build_figures(run: RunData) -> tuple[list[RenderedPlot], list[str]]:
@@ -201,10 +178,10 @@ def build_figures(run: RunData) -> tuple[list[RenderedPlot], list[str]]:
         if not series:
             skipped.append(f"{spec.title} (no {', '.join(spec.names + tuple(p + '*' for p in spec.prefixes))})")
             continue
-        figures.append(RenderedPlot(spec.title, plot_series(spec.title, spec.ylabel, series, run.alerts)))
+        figures.append(RenderedPlot(spec.title, series_svg(spec.title, spec.ylabel, series, run.alerts)))
     evals = eval_series(run.evals)
     if evals:
-        figures.append(RenderedPlot(EVAL_PLOT_TITLE, plot_series(EVAL_PLOT_TITLE, "score", evals, run.alerts)))
+        figures.append(RenderedPlot(EVAL_PLOT_TITLE, series_svg(EVAL_PLOT_TITLE, "score", evals, run.alerts)))
     else:
         skipped.append(f"{EVAL_PLOT_TITLE} (no {EVAL_DIR}/step_N.json)")
     return figures, skipped
@@ -284,11 +261,7 @@ def render_html(run: RunData) -> str:
         "<h2>Eval results</h2>", eval_table(run.evals),
         "<h2>Plots</h2><div class=grid>",
     ]
-    parts += [
-        f"<figure class=plot><h3>{html.escape(f.title)}</h3>"
-        f"<img alt='{html.escape(f.title)}' src='data:image/png;base64,{f.png}'></figure>"
-        for f in figures
-    ]
+    parts += [f"<figure class=plot><h3>{html.escape(f.title)}</h3>{img(f)}</figure>" for f in figures]
     parts.append("</div>")
     if skipped:
         items = "".join(f"<li>{html.escape(s)}</li>" for s in skipped)
