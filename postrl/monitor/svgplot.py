@@ -15,6 +15,7 @@ browser shows it on hover.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -88,7 +89,7 @@ def text_width(text: str, size: int = FONT) -> float:
     return 0.6 * size * len(text)
 
 
-def line_plot(title: str, ylabel: str, lines: list[Line], vlines: list[VLine] = (), xlabel: str = "step") -> str:
+def line_plot(title: str, ylabel: str, lines: list[Line], vlines: Sequence[VLine] = (), xlabel: str = "step") -> str:
     """One SVG line plot of `lines` (x: whole steps) with `vlines` across it."""
     lines = [line if line.colour else Line(line.label, line.points, PALETTE[i % len(PALETTE)], line.dash)
              for i, line in enumerate(lines)]
