@@ -33,7 +33,8 @@ def measure(policy: Policy, suites: dict, cfg, max_new_tokens: dict[str, int] | 
 
 def summary(r: dict, n: int) -> str:
     s = scores(r, n)
-    return f"greedy={s['greedy']:.3f} pass@1={s['pass@1']:.3f} pass@{s['k']}={s['pass@k']:.3f}"
+    line = f"greedy={s['greedy']:.3f} pass@1={s['pass@1']:.3f}"
+    return line if s["k"] == 1 else f"{line} pass@{s['k']}={s['pass@k']:.3f}"
 
 
 def scores(r: dict, n: int) -> dict[str, float]:
