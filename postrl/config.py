@@ -327,6 +327,11 @@ class CurriculumConfig:
     """Domain/problem schedule (registry name): fixed (recipe weights) or learnability (p(1-p))."""
     domain_floor: float = 0.1
     """Smallest share of prompts any domain gets under a dynamic schedule."""
+    domain_draw: Literal["independent", "stratified"] = "independent"
+    """How a step's prompts are split among the domains: `independent` draws each prompt's domain
+    by weight; `stratified` gives each domain its share of the step's prompts rounded up or down
+    by one draw (systematic sampling), so a small batch's mix never strays a whole prompt from
+    the weights."""
     window_groups: int = ranged(64, ge=1)
     """Recent groups per domain and per level that the rolling pass rates cover."""
     problem_window_groups: int = ranged(8, ge=1)

@@ -332,7 +332,7 @@ def workload(cfg: Config, tok, prompt_tokens: float | None = None, completion_to
         from postrl.sampling.policy import prompt_ids
         from postrl.tasks.catalog import build_domains
 
-        tasks = TaskSampler(build_domains(cfg), cfg.seed).next_batch(
+        tasks = TaskSampler(build_domains(cfg), cfg.seed, cfg.curriculum.domain_draw).next_batch(
             draws, {name: d.weight for name, d in cfg.domains.items()})
         prompt_tokens = statistics.mean(len(prompt_ids(tok, task)) for task in tasks)
     limit = cfg.train.max_new_tokens

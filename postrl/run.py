@@ -237,7 +237,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     policy = Policy(model, tok, rollout=cfg.rollout)
     ref_model = make_reference(model) if cfg.rl.kl_coef > 0 else None  # LoRA: the base, adapters off
     weights = {name: d.weight for name, d in cfg.domains.items()}
-    sampler = TaskSampler(domains, cfg.seed)
+    sampler = TaskSampler(domains, cfg.seed, cfg.curriculum.domain_draw)
     schedule = make_schedule(cfg.curriculum, weights, {n: list(d.levels) for n, d in domains.items()})
     engine = ENGINES.get(cfg.engine)(policy, domains, cfg, log)  # it may take cores: the ranks get what is left
     ranks = start_learners(cfg, str(resolve_model_path(cfg.model.name)), model_device(model), run_dir,

@@ -127,6 +127,48 @@ def test_sampler_rejects_in_proportion_to_weight():
     assert share == pytest.approx(0.25 / 3.25, abs=0.02)  # kept mass 0.25 against 1+1+1
 
 
+class Named:
+    """A domain of one problem, named after it."""
+
+    levels = [1]
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def sample(self, rng, level=None):
+        return Task(self.name, self.name, self.name, "0", 1)
+
+
+def test_stratified_draws_give_each_domain_its_share_rounded_and_independent_ones_do_not():
+    weights = {"wp": 0.2, "lc": 0.4, "code": 0.4}  # the joint benchmark's floor: 1.6 of 8 prompts
+    counts = {}
+    for draw in ("stratified", "independent"):
+        sampler = TaskSampler({name: Named(name) for name in weights}, seed=3, domain_draw=draw)
+        steps = [[t.domain for t in sampler.next_batch(8, weights)] for _ in range(400)]
+        counts[draw] = [{d: batch.count(d) for d in weights} for batch in steps]
+    strat, indep = counts["stratified"], counts["independent"]
+    assert all(c["wp"] in (1, 2) and c["lc"] in (3, 4) and c["code"] in (3, 4) and sum(c.values()) == 8
+               for c in strat)  # floor or ceil of 8 x weight, every step
+    assert sum(c["wp"] for c in strat) / 400 == pytest.approx(1.6, abs=0.05)  # and 8 x weight on average
+    assert sum(c["wp"] == 0 for c in indep) / 400 == pytest.approx(0.8**8, abs=0.05)  # left out ~17% of steps
+    orders = {tuple(t.domain for t in TaskSampler({n: Named(n) for n in weights}, seed, "stratified").next_batch(8, weights))
+              for seed in range(20)}
+    assert len(orders) > 5  # shuffled: a step's prompts are not sorted by domain
+
+
+def test_stratified_draws_resume_exactly_and_a_bad_value_is_one_line():
+    domains = {name: Named(name) for name in ("a", "b")}
+    first = TaskSampler(domains, seed=0, domain_draw="stratified")
+    first.next_batch(5, {"a": 0.3, "b": 0.7})
+    state = first.state_dict()
+    want = [t.domain for t in first.next_batch(5, {"a": 0.3, "b": 0.7})]
+    again = TaskSampler(domains, seed=99, domain_draw="stratified")
+    again.load_state_dict(state)
+    assert [t.domain for t in again.next_batch(5, {"a": 0.3, "b": 0.7})] == want
+    with pytest.raises(ConfigError, match=r"^config key 'curriculum.domain_draw'.*stratified"):
+        load_config("recipes/default.yaml", ["curriculum.domain_draw=strattified"])
+
+
 # ---------------------------------------------------------------------------- domain weights
 
 
