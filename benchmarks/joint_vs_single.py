@@ -44,6 +44,7 @@ from gain_common import measure, paired_se, scores  # benchmarks/, on the path w
 
 from postrl.builtin_models import load_model
 from postrl.config import generation_limits, load_config
+from postrl.files import write_atomic
 from postrl.loop import train
 from postrl.monitor.alerts import read_alerts
 from postrl.monitor.report import read_evals, series_svg
@@ -134,7 +135,7 @@ class Arms:
                 train(cfg, log=lambda *_: None)
                 train_s = time.perf_counter() - t0
                 loads.append(load_avg())
-                write_json(self.out / f"{arm}.trained.json", {"key": key, "train_seconds": train_s, "load": loads})
+                write_atomic(self.out / f"{arm}.trained.json", json.dumps({"key": key, "train_seconds": train_s, "load": loads}))
             model = str(run_dir / "final")
         t1 = time.perf_counter()
         print(f"{arm}: measuring {model}", flush=True)
@@ -144,7 +145,7 @@ class Arms:
         kept = {"key": key, "arm": arm, "results": results, "seconds": train_s + time.perf_counter() - t1,
                 "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,
                 "completions": completions(run_dir) if run_dir else 0}
-        write_json(path, kept)
+        write_atomic(path, json.dumps(kept))
         return kept
 
     def trained_run(self, arm: str, key: str, run_dir: Path) -> dict | None:
@@ -179,12 +180,6 @@ class Arms:
                 f"train.samples_per_prompt={s['samples']}", f"eval.every_steps={s['eval_every']}",
                 f"eval.num_problems={s['eval_problems']}", "curriculum.dynamic_sampling=false",
                 "run.progress=false", "checkpoint.every_steps=0", "run.overwrite=true"]
-
-
-def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
 
 
 def completions(run_dir: Path) -> dict[str, int]:
