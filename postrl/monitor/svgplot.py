@@ -89,6 +89,11 @@ def text_width(text: str, size: int = FONT) -> float:
     return 0.6 * size * len(text)
 
 
+def legend_width(label: str) -> float:
+    """A legend entry's width: its line sample, the gaps, its text."""
+    return 30 + text_width(label)
+
+
 def line_plot(title: str, ylabel: str, lines: list[Line], vlines: Sequence[VLine] = (), xlabel: str = "step") -> str:
     """One SVG line plot of `lines` (x: whole steps) with `vlines` across it."""
     lines = [line if line.colour else Line(line.label, line.points, PALETTE[i % len(PALETTE)], line.dash)
@@ -107,10 +112,10 @@ def line_plot(title: str, ylabel: str, lines: list[Line], vlines: Sequence[VLine
     def py(y: float) -> float:
         return bottom - (y - y0) / (y1 - y0) * (bottom - TOP)
 
-    legend = [(line.label, line.colour, line.dash, "line") for line in lines]
+    legend = [(line.label, line.colour, line.dash) for line in lines]
     for v in vlines:
         if all(v.label != entry[0] for entry in legend):
-            legend.append((v.label, v.colour, "4 3", "alert"))
+            legend.append((v.label, v.colour, "4 3"))
     rows = legend_rows([entry[0] for entry in legend])
     height = PLOT_HEIGHT + LEGEND_ROW * len(rows) + 4
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
@@ -136,11 +141,11 @@ def line_plot(title: str, ylabel: str, lines: list[Line], vlines: Sequence[VLine
     for row in rows:
         x = LEFT
         for i in row:
-            label, colour, dash, kind = legend[i]
+            label, colour, dash = legend[i]
             out.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 18}" y2="{y - 4}" stroke="{colour}" stroke-width="2"'
                        + (f' stroke-dasharray="{dash}"' if dash else "") + "/>"
                        f'<text class="legend" x="{x + 22}" y="{y}">{escape(label)}</text>')
-            x += 30 + text_width(label)
+            x += legend_width(label)
         y += LEGEND_ROW
     out.append("</svg>")
     return "".join(out)
@@ -154,8 +159,8 @@ def curve(line: Line, px, py) -> str:
         if not (math.isfinite(x) and math.isfinite(y)):
             pen_down = False
             continue
-        parts.append(f"{'L' if pen_down else 'M'}{px(x):.1f} {py(y):.1f}")
         marks.append((px(x), py(y)))
+        parts.append(f"{'L' if pen_down else 'M'}{marks[-1][0]:.1f} {marks[-1][1]:.1f}")
         pen_down = True
     dash = f' stroke-dasharray="{line.dash}"' if line.dash else ""
     svg = (f'<g class="series"><title>{escape(line.label)}</title>'
@@ -170,7 +175,7 @@ def legend_rows(labels: list[str]) -> list[list[int]]:
     rows: list[list[int]] = [[]]
     used = 0.0
     for i, label in enumerate(labels):
-        width = 30 + text_width(label)
+        width = legend_width(label)
         if rows[-1] and used + width > WIDTH - LEFT - RIGHT:
             rows.append([])
             used = 0.0
