@@ -152,6 +152,35 @@ def test_tiny_top_p_is_greedy(tiny):
     assert [g.token_ids for g in nucleus] == [g.token_ids for g in greedy]
 
 
+def test_rows_with_their_own_params_draw_what_each_params_draws_alone(tiny):
+    """One call with per-row GenParams (greedy and sampled rows, other temperatures, token limits
+    and stop strings): each row's completion is the one its own GenParams gives it in a call where
+    every row has those settings, since a row's draws depend on its index only."""
+    _, tok, prompts = tiny
+    n = len(prompts)
+    greedy, hot, cold = GenParams(8, greedy=True), GenParams(8, temperature=1.3), GenParams(8, temperature=0.6)
+    plain = sample(tiny, GenParams(8))
+    stop = next(tok.decode(g.token_ids, skip_special_tokens=True)[1] for g in plain
+                if len(tok.decode(g.token_ids, skip_special_tokens=True)) >= 2)
+    stopped = GenParams(8, stop_strings=(stop,))
+    short = GenParams(3, temperature=1.3)
+    nucleus = GenParams(8, top_p=1e-6)  # greedy by another road
+    kinds = [greedy, hot, cold, stopped, short, nucleus]
+    mixed = sample(tiny, [kinds[i % len(kinds)] for i in range(n)])
+    alone = [sample(tiny, k) for k in kinds]
+    for i, g in enumerate(mixed):
+        want = alone[i % len(kinds)][i]
+        assert g.token_ids == want.token_ids and g.finish_reason == want.finish_reason, i
+        assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(want.logprobs), atol=1e-6)
+    assert [mixed[i].token_ids for i in range(5, n, 6)] == [alone[0][i].token_ids for i in range(5, n, 6)]
+    # the 3-token rows were cut at their own limit, in a call that went on to 8 tokens
+    assert all(len(mixed[i].token_ids) <= 3 for i in range(4, n, len(kinds)))
+    assert any(mixed[i].finish_reason == "length" and len(mixed[i].token_ids) == 3 for i in range(4, n, len(kinds)))
+    assert max(len(g.token_ids) for g in mixed) == 8
+    with pytest.raises(ValueError, match="one per prompt"):
+        sample(tiny, [greedy, hot])
+
+
 @pytest.mark.parametrize("family", ["llama-gqa", "qwen2-bias"])
 def test_fast_forward_matches_transformers(family):
     """Grouped-query attention and q/k/v biases, on random weights, left- and right-padded."""

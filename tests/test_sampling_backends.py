@@ -81,6 +81,35 @@ def test_the_policy_samples_through_the_backend_it_names(tiny):
     assert len(toy.backend.prompts) == before + len(episodes) == before + 8
 
 
+def test_per_task_params_one_batch_where_the_backend_takes_them_else_one_call_each(tiny):
+    """Per-task GenParams: postrl's backend samples them in one call, each task's samples as its
+    own GenParams would alone; a backend registered without `row_params` (the toy) is called once
+    per distinct GenParams, in order of first appearance, every sample back in its place."""
+    model, tok = tiny
+    params = [GenParams(8, greedy=True), GenParams(3), GenParams(8, greedy=True), GenParams(3)]
+    own = Policy(model, tok)
+    calls = []
+    inner = own.backend.generate
+    own.backend.generate = lambda prompts, p, *a, **k: calls.append(p) or inner(prompts, p, *a, **k)
+    mixed = own.sample(TASKS, 2, params, torch.Generator().manual_seed(0))
+    assert len(calls) == 1 and len(calls[0]) == 8
+    greedy = own.sample(TASKS, 2, GenParams(8, greedy=True), torch.Generator().manual_seed(0))
+    short = own.sample(TASKS, 2, GenParams(3), torch.Generator().manual_seed(0))
+    for i, s in enumerate(mixed):
+        want = (greedy if i // 2 % 2 == 0 else short)[i]
+        assert (s.completion_ids, s.group, s.task) == (want.completion_ids, want.group, want.task)
+    toy = Policy(model, tok, rollout=RolloutConfig(backend="toy_greedy"))
+    parts = []
+    inner_toy = toy.backend.generate
+    toy.backend.generate = lambda prompts, p, *a, **k: parts.append((len(prompts), p)) or inner_toy(prompts, p, *a, **k)
+    split = toy.sample(TASKS, 2, params, torch.Generator().manual_seed(0))
+    assert parts == [(4, params[0]), (4, params[1])]
+    assert [s.task for s in split] == [t for t in TASKS for _ in range(2)]
+    assert all(len(s.completion_ids) <= (8 if g % 2 == 0 else 3) for g, s in ((s.group, s) for s in split))
+    with pytest.raises(ValueError, match="one per task"):
+        own.sample(TASKS, 2, params[:2])
+
+
 def test_weights_are_loaded_once_per_version_and_again_after_a_restore(tiny, tmp_path, monkeypatch):
     model, tok = tiny
     log = tmp_path / "loads"

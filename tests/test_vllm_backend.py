@@ -109,6 +109,13 @@ def test_greedy_completions_and_stop_strings_equal_postrls_token_for_token(pair)
         assert [(s.completion_ids, s.text, s.finish_reason) for s in got] == \
             [(s.completion_ids, s.text, s.finish_reason) for s in want]
         assert max_diff(got, [s.logprobs for s in want]) < TOL
+    # per-task settings in one call (the held-out evaluation's): each task's own length and stops
+    rows = [GenParams(8, greedy=True), GenParams(3, greedy=True), GenParams(8, greedy=True, stop_strings=("+", "1"))]
+    rows = [rows[i % 3] for i in range(len(TASKS))]
+    got, want = vllm.sample(TASKS, 1, rows), own.sample(TASKS, 1, rows)
+    assert [(s.completion_ids, s.text, s.finish_reason) for s in got] == \
+        [(s.completion_ids, s.text, s.finish_reason) for s in want]
+    assert max(len(s.completion_ids) for s in got[1::3]) <= 3
 
 
 def test_multi_turn_episodes_equal_postrls_token_for_token(pair):

@@ -46,13 +46,14 @@ class SamplingBackend(Protocol):
     def generate(
         self,
         prompts: list[list[int]],
-        params: GenParams,
+        params: GenParams | list[GenParams],
         generator: torch.Generator | None = None,
         on_done: Callable[[list[int], list[Generation]], None] | None = None,
     ) -> list[Generation]:
         """One completion per prompt, in prompt order. Draws come from `generator` only, so a
         seeded generator reproduces the same completions. `on_done(rows, generations)` is told
-        about rows (indices into `prompts`) as they finish, each row once, while the rest go on."""
+        about rows (indices into `prompts`) as they finish, each row once, while the rest go on.
+        `params` is a list (one per prompt) only for a backend registered with `row_params`."""
         ...
 
     def load_weights(self, version: int) -> None:
@@ -72,6 +73,10 @@ class BackendFacts:
     problem: Callable[[], str] | None = None
     """'' when the backend can run here, else why not in one line (its library missing, a version
     it is not tested with): `check_names` asks before a run directory is made or a model loaded."""
+    row_params: bool = False
+    """Its `generate` takes a list of `GenParams`, one per prompt, and samples them in one batch
+    (greedy and sampled rows, other lengths and stop strings together). False: `Policy` calls it
+    once per distinct `GenParams` instead."""
     model_problem: Callable[[Any], str] | None = None
     """'' when the backend can sample from this model, else why not in one line (an architecture or
     head size it has no kernel for): `check_model` asks once the model is loaded, before a run
@@ -82,7 +87,7 @@ SAMPLING_BACKENDS = Registry("sampling backend", key="rollout.backend", facts=Ba
 """name -> factory(model, tokenizer, rollout config) -> SamplingBackend; facts: `BackendFacts`."""
 
 
-@SAMPLING_BACKENDS.register("postrl", learner_numerics=True)
+@SAMPLING_BACKENDS.register("postrl", learner_numerics=True, row_params=True)
 class PostrlBackend:
     """postrl's own batched engine (`postrl.sampling.generate`): the fused `FastLM` path where the
     model is Llama-family, else the model's own Hugging Face forward. It samples from the model
@@ -93,7 +98,8 @@ class PostrlBackend:
         self.version: int | None = None
         """The policy version last loaded: nothing else to do, the model object is the weights."""
 
-    def generate(self, prompts: list[list[int]], params: GenParams, generator: torch.Generator | None = None,
+    def generate(self, prompts: list[list[int]], params: GenParams | list[GenParams],
+                 generator: torch.Generator | None = None,
                  on_done: Callable[[list[int], list[Generation]], None] | None = None) -> list[Generation]:
         return generate(self.model, prompts, params, self.tok.eos_token_id, self.tok.pad_token_id,
                         generator=generator, decode=self._decode, on_done=on_done)
@@ -117,7 +123,8 @@ def vllm_model_problem(model) -> str:
     return vllm_model_problem(model)
 
 
-@SAMPLING_BACKENDS.register("vllm", learner_numerics=False, problem=vllm_problem, model_problem=vllm_model_problem)
+@SAMPLING_BACKENDS.register("vllm", learner_numerics=False, row_params=True, problem=vllm_problem,
+                            model_problem=vllm_model_problem)
 def vllm_backend(model, tokenizer, cfg: RolloutConfig) -> SamplingBackend:
     """vLLM's engine (`postrl.sampling.vllm_backend`), imported only when chosen."""
     from postrl.sampling.vllm_backend import VllmBackend

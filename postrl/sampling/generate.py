@@ -26,6 +26,10 @@ Where the time goes, and what is done about it (small models on CPU are overhead
   - `on_done(rows, generations)` is told about rows as they finish, at the token step they end
     (EOS, stop string) or at the last step, so a caller can grade them while the longer rows
     are still being generated. It only reads finished rows: the draws are the same with or without it.
+  - Rows may each have their own `GenParams` (a list, one per prompt): greedy and sampled rows,
+    other temperatures, token limits and stop strings share one batch, so a few rows of each of
+    several domains cost one decode loop, not one each (a decode step of 12 rows costs about as
+    much as one of 48 on a CPU). One `GenParams` for all rows draws exactly what it always drew.
 """
 
 from __future__ import annotations
@@ -69,24 +73,62 @@ def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.
     return ids.to(device or "cpu"), mask.to(device or "cpu")
 
 
-def pick_tokens(logits: torch.Tensor, params: GenParams, uniform: torch.Tensor | None):
-    """Choose the next token per row. logits: [B, V]; uniform: [B] in [0, 1) (unused if greedy).
+class RowParams:
+    """The sampling settings of a generate call's rows, from one `GenParams` for all or one per
+    row; per-row settings are tensors over the original rows, indexed as the batch shrinks."""
+
+    def __init__(self, params: GenParams | list[GenParams], n: int, device):
+        rows = params if isinstance(params, list) else [params]
+        if len(rows) not in (1, n):
+            raise ValueError(f"{len(rows)} GenParams for {n} prompts: give one, or one per prompt")
+        self.steps = max(p.max_new_tokens for p in rows)
+        self.stops = [p.stop_strings for p in rows] if len(rows) == n else [rows[0].stop_strings] * n
+        self.limits = torch.tensor([p.max_new_tokens for p in rows] if len(rows) == n else [self.steps] * n,
+                                   dtype=torch.long, device=device)
+        self.all_greedy = all(p.greedy for p in rows)
+        self.one = rows[0] if len(set(map(_sampling, rows))) == 1 else None
+        """The GenParams whose sampling settings every row shares, or None (they differ)."""
+        if self.one is None:
+            self.temperature = torch.tensor([p.temperature for p in rows], device=device)[:, None]
+            self.greedy = torch.tensor([p.greedy for p in rows], device=device)
+            self.top_p = torch.tensor([p.top_p for p in rows], device=device)[:, None]
+
+    def pick(self, logits: torch.Tensor, rows: torch.Tensor, uniform: torch.Tensor | None):
+        """`pick_tokens` for the batch's rows (`rows`: their original indices)."""
+        if self.one is not None:
+            p = self.one
+            return pick_tokens(logits, uniform, p.temperature, p.greedy, p.top_p if p.top_p < 1.0 else None)
+        top_p = self.top_p[rows] if bool((self.top_p < 1.0).any()) else None
+        return pick_tokens(logits, uniform, self.temperature[rows], self.greedy[rows], top_p)
+
+
+def _sampling(p: GenParams) -> tuple:
+    return p.temperature, p.greedy, p.top_p
+
+
+def pick_tokens(logits: torch.Tensor, uniform: torch.Tensor | None, temperature: float | torch.Tensor,
+                greedy: bool | torch.Tensor, top_p: float | torch.Tensor | None = None):
+    """Choose the next token per row. logits: [B, V]; uniform: [B] in [0, 1) (unused by greedy rows).
+    Settings for all rows, or per row: temperature [B, 1], greedy [B] (the rows that take the
+    argmax), top_p [B, 1]; top_p None is 1 (no truncation).
 
     Returns (tokens [B], logprobs [B]) with logprobs under softmax(logits / temperature)."""
-    logp = torch.log_softmax(logits.float() / params.temperature, dim=-1)  # [B, V]
-    if params.greedy:
-        tokens = logits.argmax(-1)  # argmax of the raw logits, exactly as transformers' greedy search
-    else:
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, V]
+    some_greedy = bool(greedy.any()) if torch.is_tensor(greedy) else greedy
+    # greedy: the argmax of the raw logits, exactly as transformers' greedy search
+    tokens = logits.argmax(-1) if some_greedy else None
+    if not (bool(greedy.all()) if torch.is_tensor(greedy) else greedy):
         probs = logp.exp()
-        if params.top_p < 1.0:
+        if top_p is not None:
             sorted_p, order = probs.sort(-1, descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p > params.top_p  # keep the smallest prefix reaching top_p
+            drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
         cdf = probs.cumsum(-1)  # [B, V]
         # inverse CDF: the first token whose cumulative mass exceeds u * total; zero-mass tokens
         # never qualify (their cdf equals their predecessor's)
         target = (uniform * cdf[:, -1])[:, None]
-        tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+        drawn = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+        tokens = drawn if tokens is None else torch.where(greedy, tokens, drawn)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -94,7 +136,7 @@ def pick_tokens(logits: torch.Tensor, params: GenParams, uniform: torch.Tensor |
 def generate(
     model,
     prompts: list[list[int]],
-    params: GenParams,
+    params: GenParams | list[GenParams],
     eos_id: int,
     pad_id: int,
     generator: torch.Generator | None = None,
@@ -104,6 +146,7 @@ def generate(
     on_done: Callable[[list[int], list[Generation]], None] | None = None,
 ) -> list[Generation]:
     """Sample one completion per prompt. `decode(ids) -> str` is needed only for stop strings.
+    `params`: one `GenParams` for every prompt, or a list of one per prompt.
 
     `compact_below`: drop finished rows once live rows are at most this fraction of the batch
     (0 keeps every row to the end; results are identical either way). `on_done(rows, gens)`:
@@ -115,13 +158,14 @@ def generate(
     unique: dict[tuple[int, ...], int] = {}
     inverse = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts], device=device)
     ids, mask = left_pad([list(p) for p in unique], pad_id, device)
+    rp = RowParams(params, len(prompts), device)
     lm = FastLM.wrap(model)
-    stepper = _FastStepper(lm, ids, mask, params.max_new_tokens) if lm else _HFStepper(model, ids, mask)
+    stepper = _FastStepper(lm, ids, mask, rp.steps) if lm else _HFStepper(model, ids, mask)
     logits = stepper.first()[inverse]
     stepper.keep(inverse)
-    stop_hit = _StopCheck(params.stop_strings, decode) if params.stop_strings and decode is not None else None
-    out = _Rows(len(prompts), params.max_new_tokens, on_done, device)
-    _sample_loop(logits, stepper, params, eos_id, generator, stop_hit, compact_below, out)
+    stop_hit = _StopCheck(rp.stops, decode) if any(rp.stops) and decode is not None else None
+    out = _Rows(len(prompts), rp.steps, rp.limits, on_done, device)
+    _sample_loop(logits, stepper, rp, eos_id, generator, stop_hit, compact_below, out)
     return out.finish()
 
 
@@ -129,10 +173,10 @@ class _Rows:
     """The sampled rows: tokens [B, N], logprobs [B, N], lengths [B], stopped [B]; tells `on_done`
     about rows as they end."""
 
-    def __init__(self, n: int, steps: int, on_done, device):
+    def __init__(self, n: int, steps: int, limits: torch.Tensor, on_done, device):
         self.tokens = torch.zeros((n, steps), dtype=torch.long, device=device)
         self.logprobs = torch.zeros((n, steps), device=device)
-        self.lengths = torch.full((n,), steps, dtype=torch.long, device=device)
+        self.lengths = limits.clone()  # a row that never stops ends at its limit
         self.stopped = torch.zeros(n, dtype=torch.bool, device=device)
         self.on_done = on_done
         self.gens: list[Generation | None] = [None] * n
@@ -158,10 +202,10 @@ class _Rows:
                 for i in range(len(toks))]
 
 
-def _sample_loop(logits, stepper, params: GenParams, eos_id: int, generator, stop_hit, compact_below: float,
+def _sample_loop(logits, stepper, params: RowParams, eos_id: int, generator, stop_hit, compact_below: float,
                  out: _Rows) -> None:
     """The per-token loop from the prompts' next-token logits [B, V], writing into `out`."""
-    n, steps = logits.shape[0], params.max_new_tokens
+    n, steps, limits = logits.shape[0], params.steps, params.limits
     tokens, logprobs, lengths, stopped = out.tokens, out.logprobs, out.lengths, out.stopped
     device = logits.device
     rows = torch.arange(n, device=device)  # original index of each row still in the batch
@@ -171,8 +215,8 @@ def _sample_loop(logits, stepper, params: GenParams, eos_id: int, generator, sto
     draw_on = generator.device if generator is not None else torch.device("cpu")
     for t in range(steps):
         # drawn for every original row, so a row's draw does not depend on the batch's shape
-        uniform = None if params.greedy else torch.rand(n, generator=generator, device=draw_on).to(device)[rows]
-        tok, lp = pick_tokens(logits, params, uniform)
+        uniform = None if params.all_greedy else torch.rand(n, generator=generator, device=draw_on).to(device)[rows]
+        tok, lp = params.pick(logits, rows, uniform)
         idx = rows[live]
         tokens[idx, t], logprobs[idx, t] = tok[live], lp[live]
         end = live & (tok == eos_id)
@@ -181,8 +225,10 @@ def _sample_loop(logits, stepper, params: GenParams, eos_id: int, generator, sto
         if end.any():
             lengths[rows[end]] = t + 1
             stopped[rows[end]] = True
-            live &= ~end
-            out.ended(rows[end])
+        cut = live & ~end & (limits[rows] == t + 1)  # rows at their own token limit (short of the call's)
+        if end.any() or cut.any():
+            live &= ~(end | cut)
+            out.ended(rows[end | cut])
         n_live = int(live.sum())
         if t == steps - 1 or n_live == 0:
             break
@@ -276,15 +322,18 @@ class _StopCheck:
     so 4 tokens per character (plus one for a leading partial character, plus one whose text
     a decoder may trim at the start of a window) always cover the stop string."""
 
-    def __init__(self, stops: tuple[str, ...], decode):
+    def __init__(self, stops: list[tuple[str, ...]], decode):
         self.stops, self.decode = stops, decode
-        self.window = 4 * max(map(len, stops)) + 2
+        """Each original row's stop strings."""
+        self.window = 4 * max(len(s) for row in stops for s in row) + 2
 
     def __call__(self, tokens: torch.Tensor, rows: torch.Tensor, live: torch.Tensor, t: int) -> torch.Tensor:
         hit = torch.zeros(len(rows), dtype=torch.bool, device=rows.device)
         lo = max(0, t + 1 - self.window)
-        tails = tokens[rows[live], lo : t + 1].tolist()
-        for j, tail in zip(live.nonzero().squeeze(-1).tolist(), tails):
+        original = rows.tolist()
+        checked = [j for j in live.nonzero().squeeze(-1).tolist() if self.stops[original[j]]]
+        tails = tokens[rows[checked], lo : t + 1].tolist()
+        for j, tail in zip(checked, tails):
             text = self.decode(tail)
-            hit[j] = any(s in text for s in self.stops)
+            hit[j] = any(s in text for s in self.stops[original[j]])
         return hit

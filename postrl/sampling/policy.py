@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import torch
 
 from postrl.config import RolloutConfig
 from postrl.records import Sample, Task
-from postrl.sampling.backends import SamplingBackend, backend_factory, make_backend
+from postrl.sampling.backends import SAMPLING_BACKENDS, SamplingBackend, backend_factory, make_backend
 from postrl.sampling.generate import Generation, GenParams
 
 MAX_BATCH = 512
@@ -51,17 +51,30 @@ class Policy:
         self.version = version
         self._synced = None
 
-    def generate(self, prompts: list[list[int]], params: GenParams, generator: torch.Generator | None = None,
+    def generate(self, prompts: list[list[int]], params: GenParams | list[GenParams],
+                 generator: torch.Generator | None = None,
                  on_done: Callable[[list[int], list[Generation]], None] | None = None) -> list[Generation]:
         """Token ids in, `Generation`s out, through the backend, with the weights of `version`:
-        the backend's `load_weights` runs once per version, here, before its first sampling call."""
+        the backend's `load_weights` runs once per version, here, before its first sampling call.
+        `params`: one for all prompts or one per prompt; a backend without `row_params` is called
+        once per distinct GenParams, in order of first appearance."""
         if self._synced != self.version:
             backend = self.backend  # built on first use, outside the timed sync
             t0 = time.perf_counter()
             backend.load_weights(self.version)
             self._sync_s += time.perf_counter() - t0
             self._synced = self.version
-        return self.backend.generate(prompts, params, generator, on_done)
+        if not isinstance(params, list) or SAMPLING_BACKENDS.facts(self.rollout.backend).row_params:
+            return self.backend.generate(prompts, params, generator, on_done)
+        parts: dict[tuple, tuple[GenParams, list[int]]] = {}
+        for i, p in enumerate(params):
+            parts.setdefault(astuple(p), (p, []))[1].append(i)
+        out: list[Generation | None] = [None] * len(prompts)
+        for p, idx in parts.values():
+            done = None if on_done is None else (lambda rows, gens, idx=idx: on_done([idx[r] for r in rows], gens))
+            for i, gen in zip(idx, self.backend.generate([prompts[i] for i in idx], p, generator, done)):
+                out[i] = gen
+        return out
 
     def take_sync_s(self) -> float:
         """Seconds spent syncing weights into the backend since the last call (then zero again): the
@@ -89,15 +102,17 @@ class Policy:
         self,
         tasks: list[Task],
         n: int,
-        params: GenParams,
+        params: GenParams | list[GenParams],
         generator: torch.Generator | None = None,
         temperatures: list[float] | None = None,
         on_ready: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
         """n completions per task, grouped: samples [i*n : (i+1)*n] belong to tasks[i] (group i).
 
-        `temperatures` (one per sample) overrides params.temperature; samples that share a
-        temperature are generated together, in a fixed order, so the draws stay deterministic.
+        `params`: one GenParams for every task, or a list of one per task (greedy and sampled
+        tasks, other lengths and stop strings, generated together in one batch).
+        `temperatures` (one per sample, with one GenParams) overrides params.temperature; samples
+        that share a temperature are generated together, in a fixed order, so the draws stay deterministic.
         `on_ready(samples)` is called, while generation goes on, with each set of whole groups
         whose last sample has just finished (in group order), so they can be graded meanwhile.
         Their `timings["sample_s"]` (and `["sync_s"]`, the weight sync's share, included in it) are
@@ -106,9 +121,18 @@ class Policy:
         self.model.eval()
         encoded = [self.encode_task(t) for t in tasks]
         flat = [(g, task, ids) for g, (task, ids) in enumerate(zip(tasks, encoded)) for _ in range(n)]
-        temps = temperatures or [params.temperature] * len(flat)
         out: list[Sample | None] = [None] * len(flat)
         groups = _GroupTracker(out, n, on_ready)
+        if isinstance(params, list):
+            if len(params) != len(tasks) or temperatures is not None:
+                raise ValueError("per-task GenParams: one per task, and no per-sample temperatures beside them")
+            rows = [params[g] for g, _, _ in flat]
+            for start in range(0, len(flat), self.max_batch):
+                chunk = list(range(start, min(start + self.max_batch, len(flat))))
+                self._generate_into(out, chunk, flat, [rows[i] for i in chunk], generator, groups)
+            self.model.train(was_training)
+            return out
+        temps = temperatures or [params.temperature] * len(flat)
         for temp in sorted(set(temps)):
             idx = [i for i, t in enumerate(temps) if t == temp]
             for start in range(0, len(idx), self.max_batch):
@@ -117,12 +141,13 @@ class Policy:
         self.model.train(was_training)
         return out
 
-    def _generate_into(self, out, chunk: list[int], flat, params: GenParams, generator, groups) -> None:
+    def _generate_into(self, out, chunk: list[int], flat, params: GenParams | list[GenParams], generator,
+                       groups) -> None:
         t0 = time.perf_counter()
 
         def done(rows: list[int], gens: list) -> None:  # rows of this chunk that just finished
             for r, gen in zip(rows, gens):
-                out[chunk[r]] = self._to_sample(flat[chunk[r]], gen, params)
+                out[chunk[r]] = self._to_sample(flat[chunk[r]], gen, params[r] if isinstance(params, list) else params)
             groups.finished([chunk[r] for r in rows])
 
         self.generate([flat[i][2] for i in chunk], params, generator, on_done=done)

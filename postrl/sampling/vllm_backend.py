@@ -138,19 +138,21 @@ class VllmBackend:
         self.llm.reset_prefix_cache()
         self.version = version
 
-    def generate(self, prompts: list[list[int]], params: GenParams, generator: torch.Generator | None = None,
+    def generate(self, prompts: list[list[int]], params: GenParams | list[GenParams],
+                 generator: torch.Generator | None = None,
                  on_done: Callable[[list[int], list[Generation]], None] | None = None) -> list[Generation]:
         from vllm import SamplingParams, TokensPrompt
 
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
+        rows = params if isinstance(params, list) else [params] * len(prompts)
         eos = self.tok.eos_token_id
         requests = [SamplingParams(
-            n=1, max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,
-            top_p=params.top_p, seed=seed, logprobs=0, detokenize=False,
-            stop_token_ids=[eos] if eos is not None else None) for seed in seeds]
+            n=1, max_tokens=p.max_new_tokens, temperature=0.0 if p.greedy else p.temperature,
+            top_p=p.top_p, seed=seed, logprobs=0, detokenize=False,
+            stop_token_ids=[eos] if eos is not None else None) for p, seed in zip(rows, seeds)]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests,
                                     use_tqdm=False)
-        gens = [self._generation(out.outputs[0], params) for out in outputs]
+        gens = [self._generation(out.outputs[0], p) for out, p in zip(outputs, rows)]
         if on_done is not None:
             on_done(list(range(len(gens))), gens)
         return gens
