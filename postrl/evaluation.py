@@ -113,11 +113,16 @@ def evaluate_domain(
     tasks = domain.heldout(num_problems)
     greedy_ok, sampled, scores = grade_heldout(policy, domain, tasks, samples_per_problem, temperature,
                                                max_new_tokens, seed, stop)
-    correct = per_problem_correct(sampled, scores, len(tasks))
-    result = {"greedy": sum(greedy_ok) / len(tasks)}
+    return domain_result(greedy_ok, per_problem_correct(sampled, scores, len(tasks)), scores, ks, samples_per_problem)
+
+
+def domain_result(greedy_ok: list[bool], correct: list[int], scores: list[Score], ks: list[int],
+                  samples_per_problem: int) -> dict[str, float]:
+    """A domain's eval record from its problems' greedy verdicts and correct sample counts."""
+    result = {"greedy": sum(greedy_ok) / len(greedy_ok)}
     for k in ks:
-        result[f"pass@{k}"] = sum(pass_at_k(samples_per_problem, c, k) for c in correct) / len(tasks)
-    result["n_problems"] = len(tasks)
+        result[f"pass@{k}"] = sum(pass_at_k(samples_per_problem, c, k) for c in correct) / len(correct)
+    result["n_problems"] = len(greedy_ok)
     result["samples_per_problem"] = samples_per_problem
     return result | reward_stats(scores)
 
@@ -126,16 +131,74 @@ def evaluate(
     policy: Policy, domains: dict[str, Domain], limits: dict[str, tuple[int, tuple[str, ...]]] | None = None,
     progress: Progress | None = None, **kwargs,
 ) -> dict[str, dict[str, float]]:
-    """`evaluate_domain` for each domain; `limits` gives a domain its own (max_new_tokens, stop
+    """Each domain's `evaluate_domain` record; `limits` gives a domain its own (max_new_tokens, stop
     strings) in place of kwargs' max_new_tokens (`postrl.config.generation_limits`). `progress`,
-    when given (not while training: its bar is live), counts the domains done, with an ETA."""
+    when given (not while training: its bar is live), counts the domains done, with an ETA.
+
+    The single-turn domains are sampled together: every domain's greedy and sampled replies in one
+    batch (`held_out_together`), so a few problems of each of several domains cost one decode
+    loop, not two a domain. An environment's problems are played as episodes, domain by domain."""
     limits = limits or {}
-    result = {}
+    own = {name: dict(zip(("max_new_tokens", "stop"), limits[name])) if name in limits else {} for name in domains}
+    single = {name: d for name, d in domains.items() if not is_environment(d)}
+    result = held_out_together(policy, single, own, progress, **kwargs) if single else {}
     for name, d in domains.items():
-        if progress is not None:
-            progress.update(len(result), f"{name}...")
-        own = dict(zip(("max_new_tokens", "stop"), limits[name])) if name in limits else {}
-        result[name] = evaluate_domain(policy, d, **(kwargs | own))
+        if name not in single:
+            if progress is not None:
+                progress.update(len(result), f"{name}...")
+            result[name] = evaluate_domain(policy, d, **(kwargs | own[name]))
+            if progress is not None:
+                progress.update(len(result), f"{name}: greedy {result[name]['greedy']:.3f}")
+    return {name: result[name] for name in domains}
+
+
+def held_out_together(
+    policy: Policy, domains: dict[str, Domain], own: dict[str, dict], progress: Progress | None, *,
+    num_problems: int, ks: list[int], samples_per_problem: int, temperature: float, max_new_tokens: int,
+    seed: int = 0, stop: tuple[str, ...] = (),
+) -> dict[str, dict[str, float]]:
+    """`evaluate_domain`'s records for single-turn domains, their replies sampled in one
+    `policy.sample` call: per problem one greedy reply and `samples_per_problem` at `temperature`,
+    each domain with its own token limit and stop strings (`own[name]`), the draws from one
+    generator seeded with `seed`."""
+    rows: list[tuple[str, int, bool]] = []  # (domain, problem, greedy) of each reply
+    tasks, params, held = [], [], {}
+    for name, domain in domains.items():
+        held[name] = domain.heldout(num_problems)
+        limit = own[name].get("max_new_tokens", max_new_tokens)
+        stops = tuple(own[name].get("stop", stop))
+        greedy = GenParams(limit, greedy=True, stop_strings=stops)
+        sampled = GenParams(limit, temperature=temperature, stop_strings=stops)
+        for i, task in enumerate(held[name]):
+            for p in [greedy] + [sampled] * samples_per_problem:
+                rows.append((name, i, p.greedy))
+                tasks.append(task)
+                params.append(p)
+    left = {name: sum(1 for r in rows if r[0] == name) for name in domains}
+
+    def count(ready: list[Sample]) -> None:  # the progress bar: a domain is done when its last reply is
+        for s in ready:
+            name = rows[s.group][0]
+            left[name] -= 1
+            if not left[name]:
+                progress.update(sum(1 for n in left.values() if not n), f"{name}: sampled")
+
+    samples = policy.sample(tasks, 1, params, torch.Generator().manual_seed(seed),
+                            on_ready=count if progress is not None else None)
+    result = {}
+    for name, domain in domains.items():
+        mine = [j for j, r in enumerate(rows) if r[0] == name]
+        scores = domain.score([samples[j].task for j in mine], [samples[j].response for j in mine])
+        greedy_ok = [False] * len(held[name])
+        correct, sampled_scores = [0] * len(held[name]), []
+        for j, sc in zip(mine, scores):
+            _, i, is_greedy = rows[j]
+            if is_greedy:
+                greedy_ok[i] = bool(sc.correct)
+            else:
+                correct[i] += bool(sc.correct)
+                sampled_scores.append(sc)
+        result[name] = domain_result(greedy_ok, correct, sampled_scores, ks, samples_per_problem)
         if progress is not None:
             progress.update(len(result), f"{name}: greedy {result[name]['greedy']:.3f}")
     return result
