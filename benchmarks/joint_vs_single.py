@@ -1,6 +1,7 @@
 """Several domains trained jointly into one real model, against each trained alone: is there a seesaw?
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/joint_vs_single.py [--quick] [--out DIR] [--fresh]
+        [--steps N] [--set KEY=VALUE ...] [--arms ARM,ARM]
 
 The recipe (recipes/smollm2-joint.yaml) trains SmolLM2-135M-Instruct with LoRA on three domains of
 different kinds, all from JSONL files a user could have brought: word problems graded by the math
@@ -92,8 +93,9 @@ def load_avg() -> float:
 class Arms:
     """Runs and measures the arms, keeping each one's result on disk (OUT/<arm>.json)."""
 
-    def __init__(self, out: Path, recipe: str, size: dict, fresh: bool):
-        self.out, self.recipe, self.size = out, recipe, size
+    def __init__(self, out: Path, recipe: str, size: dict, fresh: bool, extra: list[str] | None = None):
+        self.out, self.recipe, self.size, self.extra = out, recipe, size, extra or []
+        """`extra`: recipe overrides for every trained arm (`--set`), part of each trained arm's key."""
         self.bench = load_config(recipe, [f"eval.num_problems={size['problems']}", *self.token_cap(recipe)])
         self.trained = list(self.bench.domains)
         domains = build_domains(self.bench) | build_domains(dataclasses.replace(self.bench, domains=self.bench.eval.domains))
@@ -127,7 +129,7 @@ class Arms:
                 train_s, loads = trained["train_seconds"], trained["load"]
                 print(f"{arm}: its training kept from {run_dir} ({train_s / 60:.1f} min when it ran)", flush=True)
             else:
-                cfg = load_config(self.recipe, [*self.common(), *overrides, f"run.dir={run_dir}"])
+                cfg = load_config(self.recipe, [*self.common(), *self.extra, *overrides, f"run.dir={run_dir}"])
                 if only:  # one trained domain, its recipe entry kept whole; the others are measured only
                     cfg = dataclasses.replace(cfg, domains={only: cfg.domains[only]})
                 print(f"{arm}: training {', '.join(cfg.domains)} for {cfg.train.total_steps} steps "
@@ -161,7 +163,7 @@ class Arms:
         """An arm's settings: the measurement's, and for a trained arm the recipe and the run's size."""
         if overrides is None:
             return self.measure_key
-        return fingerprint(self.measure_key, Path(self.recipe).read_text(), self.size, overrides, only)
+        return fingerprint(self.measure_key, Path(self.recipe).read_text(), self.size, [*self.extra, *overrides], only)
 
     def token_cap(self, recipe: str) -> list[str]:
         """Overrides that cut every domain's replies at size["max_tokens"] (0: the recipe's own)."""
@@ -233,9 +235,12 @@ def headline(gains: dict[str, float], trained: list[str]) -> tuple[float, float]
 
 
 def seesaws(results: dict[str, dict], domains: list[str], trained: list[str]) -> list[str]:
-    """Where a single-domain arm pushed another domain below its base by more than 2 SE."""
+    """Where a single-domain arm pushed another domain below its base by more than 2 SE (the
+    single arms that ran)."""
     base, found = results["base"]["results"], []
     for name in trained:
+        if f"single_{name}" not in results:
+            continue
         arm = results[f"single_{name}"]["results"]
         for d in domains:
             delta, se = change(base[d], arm[d])
@@ -245,9 +250,10 @@ def seesaws(results: dict[str, dict], domains: list[str], trained: list[str]) ->
 
 
 def joint_against_single(results: dict[str, dict], trained: list[str]) -> list[tuple[str, float, float]]:
-    """Per trained domain: (domain, joint curriculum - single arm, paired SE between the two arms)."""
+    """Per trained domain whose single arm ran: (domain, joint curriculum - single arm, paired SE
+    between the two arms)."""
     joint = results["joint_curriculum"]["results"]
-    return [(d, *change(results[f"single_{d}"]["results"][d], joint[d])) for d in trained]
+    return [(d, *change(results[f"single_{d}"]["results"][d], joint[d])) for d in trained if f"single_{d}" in results]
 
 
 def curriculum_story(run_dir: Path, trained: list[str]) -> list[str]:
@@ -285,47 +291,64 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default="", help="where the arms' results and runs are kept (default runs/joint_vs_single[_quick])")
     ap.add_argument("--fresh", action="store_true", help="forget the arms kept in --out and run them all")
     ap.add_argument("--plot", default="", help="write the joint curriculum run's curves to PATH-eval.svg and PATH-weights.svg")
+    ap.add_argument("--steps", type=int, default=0, help="training steps an arm (default: the size's, 4; --quick 1)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a recipe override for every trained arm (repeatable), e.g. curriculum.domain_draw=stratified")
+    ap.add_argument("--arms", default="", help="comma-separated arms to run (default all); the base model always runs")
     args = ap.parse_args(argv)
     size = QUICK if args.quick else FULL
+    if args.steps:
+        size = size | {"steps": args.steps}
     out = Path(args.out or ("runs/joint_vs_single_quick" if args.quick else "runs/joint_vs_single"))
-    bench = Arms(out, args.recipe, size, args.fresh)
+    bench = Arms(out, args.recipe, size, args.fresh, args.set)
     trained, domains = bench.trained, list(bench.suites)
+    chosen = arms(trained)
+    if args.arms:
+        unknown = sorted(set(args.arms.split(",")) - set(chosen))
+        if unknown:
+            ap.error(f"--arms: no arm {', '.join(unknown)} (the arms: {', '.join(chosen)})")
+        chosen = {arm: chosen[arm] for arm in args.arms.split(",")}
     print(f"{args.recipe}: trained {trained}, control {[d for d in domains if d not in trained]}; "
           f"{size['problems']} held-out problems a domain, {size['steps']} steps x {size['prompts']} prompts x "
-          f"{size['samples']} samples an arm; load {load_avg():.2f}", flush=True)
+          f"{size['samples']} samples an arm{''.join(f'; {o}' for o in args.set)}; load {load_avg():.2f}", flush=True)
     results = {"base": bench.run("base", None)}
-    for arm, (overrides, only) in arms(trained).items():
+    for arm, (overrides, only) in chosen.items():
         results[arm] = bench.run(arm, overrides, only)
-    results = {arm: results[arm] for arm in columns(trained)}
+    results = {arm: results[arm] for arm in columns(trained) if arm in results}
 
     table(results, domains, trained)
     print("\nsampled completions trained on, per arm: " + "; ".join(
         f"{arm} {sum(r['completions'].values())} ({', '.join(f'{d} {n}' for d, n in r['completions'].items())})"
         for arm, r in results.items() if r["completions"]))
 
-    gains = gains_in_se(results, domains)
-    print("\njoint curriculum vs base, in SE: " + ", ".join(f"{d} {g:+.1f}" for d, g in gains.items()))
-    print("joint curriculum vs each single arm on its own domain (difference +/- 2 paired SE):")
-    for d, delta, se in joint_against_single(results, trained):
-        verdict = "within 2 SE or above" if in_se(delta, se) >= -2 else "BELOW by more than 2 SE"
-        print(f"  {d}: {delta:+.3f} +/- {2 * se:.3f} ({verdict})")
     squeezed = seesaws(results, domains, trained)
     print("single-domain arms that squeezed another domain below its base by more than 2 SE: "
           + ("; ".join(squeezed) if squeezed else "none"))
     for arm in ("joint_uniform", "joint_curriculum"):
-        alerts = [a for a in read_alerts(results[arm]["run_dir"]) if a.name == "seesaw"]
-        print(f"{arm}: {len(alerts)} seesaw alert(s)" + "".join(f"\n  step {a.step}: {a.message}" for a in alerts))
-    run_dir = Path(results["joint_curriculum"]["run_dir"])
-    print("\nthe joint curriculum run, step by step (postrl report " + str(run_dir) + " draws it):")
-    print("\n".join(curriculum_story(run_dir, trained)))
-    if args.plot:
-        plot(run_dir, trained, Path(args.plot))
+        if arm in results:
+            alerts = [a for a in read_alerts(results[arm]["run_dir"]) if a.name == "seesaw"]
+            print(f"{arm}: {len(alerts)} seesaw alert(s)" + "".join(f"\n  step {a.step}: {a.message}" for a in alerts))
+    gains = gains_in_se(results, domains) if "joint_curriculum" in results else {}
+    if gains:
+        print("\njoint curriculum vs base, in SE: " + ", ".join(f"{d} {g:+.1f}" for d, g in gains.items()))
+        print("joint curriculum vs each single arm on its own domain (difference +/- 2 paired SE):")
+        for d, delta, se in joint_against_single(results, trained):
+            verdict = "within 2 SE or above" if in_se(delta, se) >= -2 else "BELOW by more than 2 SE"
+            print(f"  {d}: {delta:+.3f} +/- {2 * se:.3f} ({verdict})")
+        run_dir = Path(results["joint_curriculum"]["run_dir"])
+        print("\nthe joint curriculum run, step by step (postrl report " + str(run_dir) + " draws it):")
+        print("\n".join(curriculum_story(run_dir, trained)))
+        if args.plot:
+            plot(run_dir, trained, Path(args.plot))
 
     seconds = sum(r["seconds"] for r in results.values())
     loads = [x for r in results.values() for x in r["load"]]
     print(f"\ntotal {seconds / 3600:.2f} h over the arms (target {TARGET_HOURS:.0f} h; --quick: 20 min); "
           f"load average {min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}) on "
           f"{os.cpu_count()} CPUs")
+    if not gains:
+        print("RESULT joint_min_gain_se=nan target=2 (the joint_curriculum arm was not run)")
+        return 0
     min_gain, worst_drop = headline(gains, trained)
     print(f"RESULT joint_min_gain_se={min_gain:.2f} target={TARGET_GAIN_SE:.0f}")
     print(f"RESULT joint_worst_drop_se={worst_drop:.2f} target<={TARGET_DROP_SE:.0f}")

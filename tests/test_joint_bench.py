@@ -71,6 +71,10 @@ def test_the_report_finds_a_single_arms_seesaw_and_the_headline_in_standard_erro
     assert bench.headline({"a": 3.0, "ctl": 0.5}, ["a"]) == (3.0, 0.0)  # no drop: 0
     vs_single = dict((d, (delta, se)) for d, delta, se in bench.joint_against_single(results, ["a", "b"]))
     assert vs_single["a"] == (0.0, 0.0) and abs(vs_single["b"][0]) < 1e-12
+    # a run of some arms only (--arms): the comparisons skip the single arms that did not run
+    partial = {"base": results["base"], "single_b": results["single_b"], "joint_curriculum": results["joint_curriculum"]}
+    assert bench.seesaws(partial, ["a", "b", "ctl"], ["a", "b"]) == []
+    assert [d for d, *_ in bench.joint_against_single(partial, ["a", "b"])] == ["b"]
 
 
 def test_each_arm_is_kept_and_a_changed_setting_runs_it_again(tmp_path):
@@ -83,6 +87,10 @@ def test_each_arm_is_kept_and_a_changed_setting_runs_it_again(tmp_path):
     assert longer.key(None, None) == arms.key(None, None)
     assert longer.key(["curriculum.schedule=fixed"], None) != arms.key(["curriculum.schedule=fixed"], None)
     assert arms.key(["curriculum.schedule=fixed"], "code") != arms.key(["curriculum.schedule=fixed"], None)
+    # a --set override: every trained arm runs again, the base model's measurement holds
+    drawn = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False, extra=["curriculum.domain_draw=stratified"])
+    assert drawn.key(None, None) == arms.key(None, None)
+    assert drawn.key(["curriculum.schedule=fixed"], None) != arms.key(["curriculum.schedule=fixed"], None)
     # other problems: nothing holds
     other = bench.Arms(tmp_path, str(RECIPE), {**bench.QUICK, "problems": 5}, fresh=False)
     assert other.key(None, None) != arms.key(None, None)
