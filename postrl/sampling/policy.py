@@ -117,6 +117,8 @@ class Policy:
         whose last sample has just finished (in group order), so they can be graded meanwhile.
         Their `timings["sample_s"]` (and `["sync_s"]`, the weight sync's share, included in it) are
         filled in when their generation chunk ends."""
+        if isinstance(params, list) and (len(params) != len(tasks) or temperatures is not None):
+            raise ValueError("per-task GenParams: one per task, and no per-sample temperatures beside them")
         was_training = self.model.training
         self.model.eval()
         encoded = [self.encode_task(t) for t in tasks]
@@ -124,8 +126,6 @@ class Policy:
         out: list[Sample | None] = [None] * len(flat)
         groups = _GroupTracker(out, n, on_ready)
         if isinstance(params, list):
-            if len(params) != len(tasks) or temperatures is not None:
-                raise ValueError("per-task GenParams: one per task, and no per-sample temperatures beside them")
             rows = [params[g] for g, _, _ in flat]
             for start in range(0, len(flat), self.max_batch):
                 chunk = list(range(start, min(start + self.max_batch, len(flat))))
