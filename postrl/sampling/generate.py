@@ -85,6 +85,8 @@ class RowParams:
         self.stops = [p.stop_strings for p in rows] if len(rows) == n else [rows[0].stop_strings] * n
         self.limits = torch.tensor([p.max_new_tokens for p in rows] if len(rows) == n else [self.steps] * n,
                                    dtype=torch.long, device=device)
+        self.mixed_limits = len({p.max_new_tokens for p in rows}) > 1
+        """Some rows end before the call's last step (the loop checks their limits only then)."""
         self.all_greedy = all(p.greedy for p in rows)
         self.one = rows[0] if len(set(map(_sampling, rows))) == 1 else None
         """The GenParams whose sampling settings every row shares, or None (they differ)."""
@@ -222,13 +224,13 @@ def _sample_loop(logits, stepper, params: RowParams, eos_id: int, generator, sto
         end = live & (tok == eos_id)
         if stop_hit is not None:
             end |= stop_hit(tokens, rows, live, t)
-        if end.any():
+        # with limits of their own, rows also end at theirs (their length is that limit already)
+        done = end | (live & (limits[rows] == t + 1)) if params.mixed_limits else end
+        if done.any():
             lengths[rows[end]] = t + 1
             stopped[rows[end]] = True
-        cut = live & ~end & (limits[rows] == t + 1)  # rows at their own token limit (short of the call's)
-        if end.any() or cut.any():
-            live &= ~(end | cut)
-            out.ended(rows[end | cut])
+            live &= ~done
+            out.ended(rows[done])
         n_live = int(live.sum())
         if t == steps - 1 or n_live == 0:
             break
