@@ -243,9 +243,10 @@ class ModelFacts:
         return sum(lora.r * (i + o) for name, i, o in self.linears if name.rsplit(".", 1)[-1] in lora.target_modules)
 
     def fused(self, lora: LoraConfig) -> bool:
-        """Whether postrl's fused forward runs it (Llama family, no adapters), which computes a
-        group's shared prompt once in the learner's passes; otherwise every row is padded whole."""
-        return getattr(self.config, "model_type", None) in COVERED and lora.r <= 0
+        """Whether postrl's fused forward runs it (Llama family; with LoRA, adapters without dropout),
+        which computes a group's shared prompt once in the learner's passes and samples with the
+        adapters folded into the weights; otherwise every row is padded whole."""
+        return getattr(self.config, "model_type", None) in COVERED and (lora.r <= 0 or lora.dropout == 0)
 
     def attention_flops(self, tokens: float, context: float) -> float:
         """Forward FLOPs of attention for `tokens` tokens at mean `context`: scores and values."""
@@ -501,13 +502,14 @@ def sampling_seconds(model: ModelFacts, hw: Hardware, work: Workload, lora: Lora
 
     p, c, attention = work.prompt_tokens, work.new_tokens, float(hw.accelerator)
     live = work.completion_tokens / c  # rows still generating, on average: finished rows leave the batch
-    weights = (model.matmul + model.head + model.adapters(lora)) * dtype
+    adapters = 0 if model.fused(lora) else model.adapters(lora)  # fused: folded into the weights per call
+    weights = (model.matmul + model.head + adapters) * dtype
     prefill = (work.prompts * (2 * model.matmul * p + attention * model.attention_flops(p, p / 2)) / hw.flops
                + work.prompts * 2 * model.head / hw.rate("head"))
     decode, bound, chunks = 0.0, "compute", math.ceil(work.rows / MAX_BATCH)
     for t in range(1, c):  # the first token comes from the prefill's logits, the last is never fed back
         for rows in [MAX_BATCH * live] * (chunks - 1) + [(work.rows - MAX_BATCH * (chunks - 1)) * live]:
-            body = rows * (2 * (model.matmul + model.adapters(lora)) + attention * model.attention_flops(1, p + t))
+            body = rows * (2 * (model.matmul + adapters) + attention * model.attention_flops(1, p + t))
             compute = body / hw.rate("decode") + rows * 2 * model.head / hw.rate("head")
             memory = (weights + rows * (model.kv_bytes(dtype) * (p + t) + attention * model.vocab_bytes)) / hw.bytes_per_s
             decode += max(compute, memory)

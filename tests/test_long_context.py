@@ -1,8 +1,9 @@
 """Memory that grows gently with length: the chunked vocabulary head, packed sequences and
 token-budget micro-batches compute what the plain computation computes.
 
-Two forwards are covered: the tiny Llama through FastLM (full fine-tuning) and the same model
-with LoRA adapters through its own Hugging Face decoder (the path SmolLM2 with LoRA takes).
+Three forwards are covered: the tiny Llama through FastLM (full fine-tuning), the same model with
+LoRA adapters through FastLM (the path SmolLM2 with LoRA takes), and with LoRA through its own
+Hugging Face decoder (`lora-hf`: where FastLM does not cover the adapters, e.g. DoRA).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from postrl.sampling.generate import GenParams
 from postrl.sampling.policy import Policy
 
 
-def _model(tiny_model_dir, kind: str):
+def _model(tiny_model_dir, kind: str, monkeypatch=None):
     model, tok = load_model(str(tiny_model_dir), log=lambda *_: None)
-    if kind == "lora":
+    if kind == "lora-hf":  # as if FastLM did not cover the adapters: the Hugging Face decoder runs
+        monkeypatch.setattr(FastLM, "wrap", classmethod(lambda cls, model, adapters=True: None))
+    if kind in ("lora", "lora-hf"):
         torch.manual_seed(0)
         model = apply_lora(model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
         with torch.no_grad():  # non-zero adapters, so that leaving them out would show
@@ -33,7 +36,7 @@ def _model(tiny_model_dir, kind: str):
             for n, p in model.named_parameters():
                 if "lora_B" in n:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-        assert FastLM.wrap(model) is None and logprobs_mod.hf_decoder_and_head(model) is not None
+        assert (FastLM.wrap(model) is None) == (kind == "lora-hf") and logprobs_mod.hf_decoder_and_head(model) is not None
     return model.eval(), tok
 
 
@@ -58,9 +61,9 @@ def _grads(model, logp, ent, w):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("kind", ["fastlm", "lora"])
+@pytest.mark.parametrize("kind", ["fastlm", "lora", "lora-hf"])
 def test_chunked_logprobs_and_entropy_equal_the_full_computation(tiny_model_dir, kind, monkeypatch):
-    model, tok = _model(tiny_model_dir, kind)
+    model, tok = _model(tiny_model_dir, kind, monkeypatch)
     ids, attn, needed, temps = _rows(tok)
     vocab = model.config.vocab_size
     seen = []
@@ -108,10 +111,10 @@ def test_a_small_vocabulary_fits_one_chunk_and_is_bitwise_the_unchunked_head(tin
     assert torch.equal(logp[keep], want) and torch.equal(ent[keep], want_ent)
 
 
-@pytest.mark.parametrize("kind", ["fastlm", "lora"])
-def test_packed_rows_give_the_padded_logprobs_and_gradients(tiny_model_dir, kind):
+@pytest.mark.parametrize("kind", ["fastlm", "lora", "lora-hf"])
+def test_packed_rows_give_the_padded_logprobs_and_gradients(tiny_model_dir, kind, monkeypatch):
     """Packing changes no row: attention never crosses from one packed sequence into the next."""
-    model, tok = _model(tiny_model_dir, kind)
+    model, tok = _model(tiny_model_dir, kind, monkeypatch)
     ids, attn, needed, temps = _rows(tok)
     w = torch.randn(needed.shape, generator=torch.Generator().manual_seed(0)) * needed
     out = {}
@@ -142,8 +145,8 @@ def _samples(model, tok, n_tasks=3, n=4):
     return samples
 
 
-def _update_grads(tiny_model_dir, kind, train_kw, model_kw=None):
-    model, tok = _model(tiny_model_dir, kind)
+def _update_grads(tiny_model_dir, kind, train_kw, model_kw=None, monkeypatch=None):
+    model, tok = _model(tiny_model_dir, kind, monkeypatch)
     samples = _samples(model, tok)
     policy = Policy(model, tok)
     train = TrainConfig(lr=1e-2, minibatches=1, max_grad_norm=1e9, samples_per_prompt=4, **train_kw)
@@ -155,10 +158,11 @@ def _update_grads(tiny_model_dir, kind, train_kw, model_kw=None):
     return stats, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("kind", ["fastlm", "lora"])
-def test_packed_update_loss_equals_the_padded_update_loss(tiny_model_dir, kind):
-    padded, g_padded = _update_grads(tiny_model_dir, kind, {})
-    packed, g_packed = _update_grads(tiny_model_dir, kind, {"pack_sequences": True, "max_tokens_per_microbatch": 40})
+@pytest.mark.parametrize("kind", ["fastlm", "lora", "lora-hf"])
+def test_packed_update_loss_equals_the_padded_update_loss(tiny_model_dir, kind, monkeypatch):
+    padded, g_padded = _update_grads(tiny_model_dir, kind, {}, monkeypatch=monkeypatch)
+    packed, g_packed = _update_grads(tiny_model_dir, kind, {"pack_sequences": True, "max_tokens_per_microbatch": 40},
+                                     monkeypatch=monkeypatch)
     for key in ("loss", "pg_loss", "kl_mean", "entropy"):
         assert getattr(packed, key) == pytest.approx(getattr(padded, key), rel=1e-5, abs=1e-7), key
     assert g_padded.keys() == g_packed.keys() and g_padded

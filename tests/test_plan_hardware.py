@@ -137,3 +137,21 @@ def test_plan_refuses_unknown_hardware_in_one_line(capsys):
     code, out, err = in_process(["plan", RECIPE, "--hardware", "tpu"], capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "unknown hardware 'tpu'" in err and "custom:tflops=T" in err
+
+
+def test_lora_without_dropout_is_fused_and_samples_with_the_adapters_folded_in():
+    """FastLM runs plain LoRA (factors beside the weights in the update, folded in for sampling);
+    dropout sends the model through the Hugging Face forward, which samples with the factors."""
+    import dataclasses
+    import types
+
+    from postrl.cost import hardware, sampling_seconds
+
+    llama = dataclasses.replace(FACTS, config=types.SimpleNamespace(model_type="llama"))
+    plain, dropped = LoraConfig(r=2, target_modules=["q_proj"]), LoraConfig(r=2, target_modules=["q_proj"], dropout=0.1)
+    assert llama.fused(LoraConfig(r=0)) and llama.fused(plain) and not llama.fused(dropped)
+    assert not FACTS.fused(plain)  # not a covered architecture
+    gpu = hardware("h200")  # a datasheet: nothing measured
+    base = sampling_seconds(llama, gpu, WORK, LoraConfig(r=0), 4, 0.0)
+    assert sampling_seconds(llama, gpu, WORK, plain, 4, 0.0) == base
+    assert sampling_seconds(llama, gpu, WORK, dropped, 4, 0.0)[1] > base[1]

@@ -336,9 +336,11 @@ def test_gradient_checkpointing_recomputes_layers_and_keeps_the_gradient(tiny_gg
     plain_calls, calls[:] = len(calls), []
     ckpt = _grads_after_update(tiny_gguf, counting, "token-mean",
                                ModelConfig(lora=lora, micro_batch_size=6, gradient_checkpointing=True))
-    # the reference forward (build_batch) in 2 micro-batches, then 2 training micro-batches: each
-    # runs the layer once in its forward, and with checkpointing once more in its backward
-    assert plain_calls == 2 + 2 and len(calls) == 2 + 2 * 2
+    # without checkpointing every pass is fused (FastLM reads the weights and the adapters' factors,
+    # no module forward runs); with it the update runs the model's own forward: 2 training
+    # micro-batches, each running the layer once in its forward and once more in its backward (the
+    # reference pass, no gradient, stays fused). The gradients agree across the two forwards.
+    assert plain_calls == 0 and len(calls) == 2 * 2
     assert len(plain) == 12 and all("lora_" in n for n in plain)  # 2 layers x 3 modules x (A, B)
     assert all(float(plain[n].abs().max()) > 0 for n in plain if "lora_B" in n)  # A's gradient is 0 while B = 0
     for name in plain:

@@ -230,3 +230,90 @@ def test_shared_prefix_gradients_equal_per_row_gradients(tiny):
     ref = grads(torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1))
     for a, b in zip(ours, ref):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def _lora_llama(**lora_kw):
+    """A random grouped-query Llama with LoRA on five projections, its B factors made non-zero."""
+    from postrl.config import LoraConfig
+    from postrl.model.lora import apply_lora
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    cfg = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"], **lora_kw)
+    model = apply_lora(model, cfg)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(1)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return model.eval()
+
+
+class _PlainCall:
+    """The model behind a wrapper no fast path recognises: the Hugging Face (peft) forward runs."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, **inputs):
+        return self.model(**inputs)
+
+
+def test_fast_forward_covers_lora_adapters_exactly_as_peft_runs_them():
+    """Log-probs and the adapters' gradients as peft's own forward gives them; the reference is the
+    base model (adapters off); sampling (the factors folded into the weights) decodes what peft's
+    model generates. Without the adapters the log-probs would differ by far more than the tolerance."""
+    from postrl.model.lora import make_reference
+
+    model = _lora_llama()
+    assert FastLM.wrap(model) is not None and FastLM.wrap(_PlainCall(model)) is None
+    ids = torch.randint(3, 50, (3, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4, [1] * 2 + [0] * 7])
+    real = (mask[:, :-1] * mask[:, 1:]).bool()
+    calls = []
+    hidden = FastLM.hidden
+
+    def spy(self, *a, **k):
+        calls.append(self.adapters)
+        return hidden(self, *a, **k)
+
+    def logp_and_grads(m):
+        model.zero_grad(set_to_none=True)
+        logp, _ = token_logprobs(m, ids, mask, torch.tensor([1.0, 0.7, 1.3]))
+        (logp * real).sum().backward()
+        return logp.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FastLM, "hidden", spy)
+        ours, g_ours = logp_and_grads(model)
+        with torch.no_grad():
+            folded, _ = token_logprobs(model, ids, mask, torch.tensor([1.0, 0.7, 1.3]))
+            ref_ours, _ = token_logprobs(make_reference(model), ids, mask, torch.tensor([1.0, 0.7, 1.3]))
+    assert calls == [True, True, False]  # the policy (autograd, then folded) and the reference: all fused
+    peft_logp, g_peft = logp_and_grads(_PlainCall(model))
+    assert g_ours.keys() == g_peft.keys() and len(g_ours) == 2 * 5 * 2  # A and B, five projections, two layers
+    torch.testing.assert_close(ours[real], peft_logp[real], rtol=0, atol=1e-5)
+    torch.testing.assert_close(folded[real], peft_logp[real], rtol=0, atol=1e-5)
+    for name, g in g_peft.items():
+        torch.testing.assert_close(g_ours[name], g, rtol=1e-4, atol=1e-5, msg=name)
+    with torch.no_grad(), model.disable_adapter():
+        ref_peft, _ = token_logprobs(_PlainCall(model), ids, mask, torch.tensor([1.0, 0.7, 1.3]))
+    torch.testing.assert_close(ref_ours[real], ref_peft[real], rtol=0, atol=1e-5)
+    assert float((ref_ours - ours)[real].abs().max()) > 0.05  # the adapters matter at this scale
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]
+    gens = generate(model, prompts, GenParams(6, greedy=True), eos_id=0, pad_id=1)
+    for p, g in zip(prompts, gens):
+        want = model.generate(input_ids=torch.tensor([p]), max_new_tokens=6, do_sample=False, eos_token_id=0,
+                              pad_token_id=1)
+        assert g.token_ids == want[0, len(p):].tolist()
+
+
+def test_fast_forward_declines_lora_layers_it_cannot_reproduce():
+    """Dropout while training, adapters merged into the weights: the Hugging Face forward runs."""
+    model = _lora_llama(dropout=0.1)
+    assert FastLM.wrap(model) is not None  # eval mode: dropout is the identity
+    assert FastLM.wrap(model.train()) is None
+    model = _lora_llama()
+    model.get_base_model().model.layers[0].self_attn.q_proj.merge()
+    assert FastLM.wrap(model) is None

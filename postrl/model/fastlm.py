@@ -10,7 +10,14 @@ same function with a handful of tensor ops per layer: q/k/v and gate/up fused in
 each, rotary tables built once, a static KV cache written in place, SDPA for attention.
 
 It reads the model's own parameters (no copy of the live weights), so it always evaluates the
-current policy and gradients flow into the Hugging Face model when called under autograd. The
+current policy and gradients flow into the Hugging Face model when called under autograd. A
+peft LoRA model is covered too (plain LoRA on any of the seven projections, its active adapters,
+no dropout while training): under autograd each adapted projection adds its low-rank term
+(x A^T) B^T * alpha/r beside the frozen weight, as peft does, so the update back-propagates
+through the small factors only; without autograd (sampling, the reference and eval passes) the
+factors are folded into the weights once per call (W + B A * alpha/r), and decoding then costs
+what the base model's does. `FastLM.wrap(model, adapters=False)` runs the base weights alone: the
+LoRA reference policy. The
 math is the model's: RMSNorm, rotary embeddings from the model's own `rotary_emb` (so every
 rope scaling variant it supports is honoured), SDPA attention, gated MLP; results agree with
 the Hugging Face forward to float32 rounding (tests/test_rollout.py checks 1e-5).
@@ -26,6 +33,10 @@ import torch.nn.functional as F
 COVERED = {"llama", "mistral", "qwen2"}
 
 
+Factors = tuple[torch.Tensor, torch.Tensor]
+"""A projection's low-rank term as (A [R, in], B [out, R]): x -> (x A^T) B^T, the LoRA scale in B."""
+
+
 @dataclass
 class _Layer:
     ln1: torch.Tensor
@@ -38,63 +49,89 @@ class _Layer:
     gate_up_b: torch.Tensor | None
     down_w: torch.Tensor
     down_b: torch.Tensor | None
+    qkv_lora: Factors | None = None
+    o_lora: Factors | None = None
+    gate_up_lora: Factors | None = None
+    down_lora: Factors | None = None
 
 
 class FastLM:
-    def __init__(self, model):
+    def __init__(self, model, adapters: bool = True):
         # here, not at the top: importing transformers.activations loads transformers' modelling stack
         # (about 1.5 s), which commands that only read the registries (`postrl plan`) never need
         from transformers.activations import ACT2FN
 
         cfg = model.config
-        self.model = model
+        self.model = _base(model)
+        """The Hugging Face causal LM (under a peft wrapper, its base model, whose projections hold the adapters)."""
+        self.adapters = adapters
+        """Whether LoRA adapters count (False: the base weights alone, the LoRA reference)."""
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = cfg.rms_norm_eps
         self.act = ACT2FN[cfg.hidden_act]
         self.inter = cfg.intermediate_size
-        self.dtype = model.model.embed_tokens.weight.dtype
-        self.device = model.model.embed_tokens.weight.device
+        self.dtype = self.model.model.embed_tokens.weight.dtype
+        self.device = self.model.model.embed_tokens.weight.device
         """Where every tensor this forward makes is created: the model's own device."""
 
     @classmethod
-    def wrap(cls, model) -> FastLM | None:
-        """A FastLM over `model`, or None when its architecture or settings are not covered."""
+    def wrap(cls, model, adapters: bool = True) -> FastLM | None:
+        """A FastLM over `model` (a peft LoRA model included), or None when its architecture or
+        settings are not covered. `adapters=False`: the base weights alone. A wrapper that is not
+        a model itself (the LoRA reference) says what it runs through its own `fast_lm()`."""
+        own = getattr(model, "fast_lm", None)
+        if callable(own):
+            return own()
         cfg = getattr(model, "config", None)
         if cfg is None or getattr(cfg, "model_type", None) not in COVERED:
             return None
-        inner = getattr(model, "model", None)
-        if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):
+        base = _base(model)
+        inner = getattr(base, "model", None)
+        if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(base, "lm_head"):
             return None
         if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
             return None  # windowed attention would need a different mask
-        if model.training and getattr(cfg, "attention_dropout", 0.0):
+        if base.training and getattr(cfg, "attention_dropout", 0.0):
             return None  # dropout in attention is not reproduced here
-        if getattr(cfg, "num_hidden_layers", 0) != len(inner.layers) or not _plain_linears(model):
+        if getattr(cfg, "num_hidden_layers", 0) != len(inner.layers) or not _covered_linears(base):
             return None
-        return cls(model)
+        return cls(model, adapters)
 
     def layers(self) -> list[_Layer]:
-        """The weights, with q/k/v and gate/up fused (a differentiable concat of the parameters)."""
+        """The weights, with q/k/v and gate/up fused (a differentiable concat of the parameters).
+        LoRA adapters: their low-rank factors beside each weight under autograd, else folded in."""
+        fold = not torch.is_grad_enabled()
         out = []
         for layer in self.model.model.layers:
             a, m = layer.self_attn, layer.mlp
-            qkv_b = None
-            if a.q_proj.bias is not None:
-                qkv_b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-            gate_up_b = None
-            if m.gate_proj.bias is not None:
-                gate_up_b = torch.cat([m.gate_proj.bias, m.up_proj.bias])
+            qkv, qkv_lora = self._fused([a.q_proj, a.k_proj, a.v_proj], fold)
+            o, o_lora = self._fused([a.o_proj], fold)
+            gate_up, gate_up_lora = self._fused([m.gate_proj, m.up_proj], fold)
+            down, down_lora = self._fused([m.down_proj], fold)
             out.append(_Layer(
-                layer.input_layernorm.weight,
-                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b,
-                a.o_proj.weight, a.o_proj.bias,
-                layer.post_attention_layernorm.weight,
-                torch.cat([m.gate_proj.weight, m.up_proj.weight]), gate_up_b,
-                m.down_proj.weight, m.down_proj.bias,
+                layer.input_layernorm.weight, qkv, _bias([a.q_proj, a.k_proj, a.v_proj]),
+                o, _bias([a.o_proj]),
+                layer.post_attention_layernorm.weight, gate_up, _bias([m.gate_proj, m.up_proj]),
+                down, _bias([m.down_proj]),
+                qkv_lora, o_lora, gate_up_lora, down_lora,
             ))
         return out
+
+    def _fused(self, projections: list, fold: bool) -> tuple[torch.Tensor, Factors | None]:
+        """The projections' weights stacked, and their LoRA term: (A [R, in], B [out, R]) with each
+        projection's factors on its own block of B's rows (zero elsewhere), or folded into the
+        weight (`fold`), or None without adapters."""
+        weights = [_linear(p).weight for p in projections]
+        factors = [_lora_factors(p) if self.adapters else None for p in projections]
+        if all(f is None for f in factors):
+            return _cat(weights), None
+        if fold:
+            return _cat([w if f is None else w + f[1] @ f[0] for w, f in zip(weights, factors)]), None
+        a = [f[0] if f is not None else w.new_zeros((0, w.shape[1])) for w, f in zip(weights, factors)]
+        b = [f[1] if f is not None else w.new_zeros((w.shape[0], 0)) for w, f in zip(weights, factors)]
+        return _cat(weights), (_cat(a), torch.block_diag(*b))
 
     def rotary(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin tables [max_len, D] from the model's own rotary module."""
@@ -135,7 +172,7 @@ class FastLM:
         h, hk, d = self.heads, self.kv_heads, self.head_dim
         for i, w in enumerate(layers):
             y = F.rms_norm(x, (x.shape[-1],), w.ln1, self.eps)
-            qkv = F.linear(y, w.qkv_w, w.qkv_b).unflatten(-1, (h + 2 * hk, d))
+            qkv = _project(y, w.qkv_w, w.qkv_b, w.qkv_lora).unflatten(-1, (h + 2 * hk, d))
             qk, v = qkv[..., : h + hk, :], qkv[..., h + hk :, :]
             rot = torch.cat((-qk[..., d // 2 :], qk[..., : d // 2]), dim=-1)
             qk = _spread(qk * cos + rot * sin, share, b, s)  # rotary on queries and keys in one pass
@@ -154,22 +191,86 @@ class FastLM:
                     q, k, v, attn_mask=bias, is_causal=causal and bias is None, enable_gqa=hk != h
                 ).transpose(1, 2)  # [B, S, heads, D]
             att = att.reshape(b, s, h * d) if share is None else att.reshape(b * s, h * d)[share.owner]
-            x = x + F.linear(att, w.o_w, w.o_b)
+            x = x + _project(att, w.o_w, w.o_b, w.o_lora)
             y = F.rms_norm(x, (x.shape[-1],), w.ln2, self.eps)
-            gate, up = F.linear(y, w.gate_up_w, w.gate_up_b).split(self.inter, dim=-1)
-            x = x + F.linear(self.act(gate) * up, w.down_w, w.down_b)
+            gate, up = _project(y, w.gate_up_w, w.gate_up_b, w.gate_up_lora).split(self.inter, dim=-1)
+            x = x + _project(self.act(gate) * up, w.down_w, w.down_b, w.down_lora)
         return F.rms_norm(x, (x.shape[-1],), self.model.model.norm.weight, self.eps)
 
 
-def _plain_linears(model) -> bool:
-    """Every projection is a plain nn.Linear. A LoRA-wrapped or quantised layer keeps its extra
-    terms outside `.weight`, so reading the weights directly would silently drop them."""
+def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, lora: Factors | None) -> torch.Tensor:
+    out = F.linear(x, w, b)
+    return out if lora is None else out + F.linear(F.linear(x, lora[0]), lora[1])
+
+
+def _base(model):
+    """The Hugging Face model under a peft wrapper (its projections hold the adapters), else `model`."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
+def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
+    return ts[0] if len(ts) == 1 else torch.cat(ts)
+
+
+def _bias(projections: list) -> torch.Tensor | None:
+    biases = [_linear(p).bias for p in projections]
+    return None if biases[0] is None else _cat(biases)
+
+
+def _linear(module) -> torch.nn.Linear:
+    """The nn.Linear holding a projection's own weight (a LoRA layer's base layer)."""
+    return module if type(module) is torch.nn.Linear else module.base_layer
+
+
+def _lora_factors(module) -> Factors | None:
+    """(A [R, in], B [out, R] * alpha/r) of a peft LoRA layer's active adapters (several: stacked,
+    so B A is their sum), or None for a plain layer or one whose adapters are switched off."""
+    if type(module) is torch.nn.Linear or module.disable_adapters:
+        return None
+    names = [n for n in module.active_adapters if n in module.lora_A]
+    if not names:
+        return None
+    a = torch.cat([module.lora_A[n].weight for n in names])
+    b = torch.cat([module.lora_B[n].weight * module.scaling[n] for n in names], dim=1)
+    return a, b
+
+
+def _covered_linears(model) -> bool:
+    """Every projection is a plain nn.Linear or a plain peft LoRA layer over one. Anything else (a
+    quantised layer, DoRA, a LoRA bias, dropout while training, adapters merged into the weight)
+    keeps terms outside what `layers` reads, so reading the weights directly would drop them."""
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
         mods = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-        if any(type(x) is not torch.nn.Linear for x in mods):
+        if not all(type(x) is torch.nn.Linear or _plain_lora(x) for x in mods):
             return False
-    return type(model.lm_head) is torch.nn.Linear
+    return type(model.lm_head) is torch.nn.Linear and type(model.model.embed_tokens) is torch.nn.Embedding
+
+
+def _plain_lora(module) -> bool:
+    """A peft `lora.Linear` computing exactly base(x) + sum over its active adapters of
+    B(A(x)) * scaling: no variant (DoRA), no bias of its own, no active dropout, not merged."""
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:
+        return False
+    if type(module) is not LoraLinear or type(module.base_layer) is not torch.nn.Linear:
+        return False
+    if module.merged or module.fan_in_fan_out or getattr(module, "lora_variant", {}):
+        return False
+    dtype = module.base_layer.weight.dtype
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        if module.lora_bias.get(name) or module.use_dora.get(name):
+            return False
+        if module.lora_A[name].weight.dtype != dtype or module.lora_B[name].weight.dtype != dtype:
+            return False
+        drop = module.lora_dropout[name]
+        if not (isinstance(drop, torch.nn.Identity) or (drop.p == 0 or not drop.training)):
+            return False
+    return True
 
 
 @dataclass

@@ -10,11 +10,12 @@ switched off (peft initialises B = 0, so the adapted model starts equal to the b
 reference therefore costs no memory at all: it is the policy's own weights, run under
 `disable_adapter()`.
 
-The model becomes a `peft.PeftModel`. That also keeps it off the fused Llama fast path
-(`FastLM` reads `q_proj.weight` directly and would silently skip the adapters): a PeftModel's
-inner module has no rotary table where FastLM looks for one, so FastLM declines it and the
-Hugging Face forward, adapters included, is used. tests/test_real_model.py checks that sampled
-and recomputed log-probs both see the adapters.
+The model becomes a `peft.PeftModel`. Llama-family models keep the fused fast path: `FastLM`
+reads each adapted projection's base weight and its adapters' factors (the low-rank term beside
+the weight under autograd, folded into it for sampling and no-grad passes), and the reference
+runs the same path with the adapters left out. A LoRA layer it does not cover (DoRA, a LoRA bias,
+dropout while training) sends the model through the Hugging Face forward, adapters included.
+tests/test_real_model.py checks that sampled and recomputed log-probs both see the adapters.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from postrl.config import LoraConfig
+from postrl.model.fastlm import FastLM
 from postrl.model.logprobs import hf_decoder_and_head
 
 
@@ -53,11 +55,16 @@ def is_lora(model) -> bool:
 class AdapterFreeReference:
     """Callable like a causal LM; runs the policy's own weights with its adapters disabled.
 
-    Deliberately exposes no `config`: log-prob code then uses the plain model call rather than
-    any architecture-specific fast path that could read the adapted weights."""
+    Deliberately exposes no `config`: a fast path that reads the model's weights directly must be
+    told to leave the adapters out, which `fast_lm` does; without one, log-prob code uses the
+    plain model call under `disable_adapter()`."""
 
     def __init__(self, model):
         self._model = model
+
+    def fast_lm(self):
+        """`FastLM` over the base weights alone (adapters off), or None where it does not cover the model."""
+        return FastLM.wrap(self._model, adapters=False)
 
     @torch.no_grad()
     def __call__(self, **inputs):
