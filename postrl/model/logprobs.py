@@ -24,9 +24,11 @@ Memory that grows gently with length (what this module does not know: losses, ba
 Llama-family models run through `FastLM`: the same function with far fewer Python-level ops,
 causal SDPA without any mask tensor when rows are right-padded (as the learner's are), and every
 distinct prefix computed once, so padding costs nothing and a group's shared prompt is run (and
-back-propagated) once rather than once per sample. LoRA models of those families run their own
-decoder (adapters included) and then the same chunked head; any other architecture runs its whole
-forward (which may scale or cap logits), whose logits of the needed columns are materialised.
+back-propagated) once rather than once per sample; plain LoRA adapters included (`FastLM` adds
+their low-rank terms). Where FastLM does not cover the adapters, or a wrapper hides the model
+(gradient checkpointing), the model's own decoder runs, then the same chunked head; any other
+architecture runs its whole forward (which may scale or cap logits), whose logits of the needed
+columns are materialised.
 """
 
 from __future__ import annotations
