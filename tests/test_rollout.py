@@ -317,3 +317,26 @@ def test_fast_forward_declines_lora_layers_it_cannot_reproduce():
     model = _lora_llama()
     model.get_base_model().model.layers[0].self_attn.q_proj.merge()
     assert FastLM.wrap(model) is None
+
+
+def test_the_lora_benchmarks_peft_arm_really_runs_peft(monkeypatch):
+    """benchmarks/lora_fused.py's `hf` arm: FastLM declines the LoRA model and its reference (the
+    path LoRA took before it was fused), still runs a plain model, and is restored afterwards."""
+    import sys
+    from pathlib import Path
+
+    from postrl.model.lora import make_reference
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "lora_fused", raising=False)
+    import lora_fused
+
+    model = _lora_llama()
+    plain = LlamaForCausalLM(model.get_base_model().config).eval()
+    undo = lora_fused.hf_for_lora()
+    try:
+        assert FastLM.wrap(model) is None and FastLM.wrap(make_reference(model)) is None
+        assert FastLM.wrap(plain) is not None
+    finally:
+        undo()
+    assert FastLM.wrap(model) is not None and FastLM.wrap(make_reference(model)) is not None
