@@ -43,6 +43,7 @@ import torch
 from postrl.config import Config, LoraConfig
 from postrl.errors import UserError
 from postrl.model.fastlm import COVERED
+from postrl.model.logprobs import chunk_rows, logits_chunk_mib
 
 GIB = 2**30
 GPU_FLOPS_SHARE = 0.4
@@ -348,7 +349,7 @@ def matmul_shapes(cfg: Config, model: ModelFacts, work: Workload) -> dict[str, t
     from postrl.sampling.policy import MAX_BATCH
 
     rows = min(work.rows, MAX_BATCH)
-    chunk = max(1, int(cfg.model.logits_chunk_mib * 2**20 // (4 * model.vocab)))
+    chunk = chunk_rows(model.vocab, logits_chunk_mib(cfg.model.logits_chunk_mib, torch.device("cpu")))
     return {"decode": (rows, model.hidden, model.intermediate), "head": (min(rows, chunk), model.hidden, model.vocab)}
 
 
@@ -630,9 +631,10 @@ class Memory:
 
 
 def memory_per_rank(cfg: Config, model: ModelFacts, work: Workload, lora: LoraConfig, ranks: int = 1,
-                    sharded: bool = False) -> Memory:
+                    sharded: bool = False, accelerator: bool = True) -> Memory:
     """Memory of one of `ranks` learner ranks training with `lora` (r 0: every weight), with the
-    parameters, gradients and optimiser state replicated on each rank or sharded N ways (FSDP)."""
+    parameters, gradients and optimiser state replicated on each rank or sharded N ways (FSDP), on
+    an accelerator or the CPU (their default logits chunks differ)."""
     dtype = dtype_bytes(cfg)
     share = ranks if sharded else 1
     adapters = model.adapters(lora)
@@ -644,7 +646,8 @@ def memory_per_rank(cfg: Config, model: ModelFacts, work: Workload, lora: LoraCo
         kept = tokens * (model.layers * model.hidden + per_layer) * dtype
     else:
         kept = tokens * model.layers * per_layer * dtype
-    logits = 3 * cfg.model.logits_chunk_mib * 2**20  # a chunk of float32 logits, its softmax and its gradient
+    chunk = logits_chunk_mib(cfg.model.logits_chunk_mib, torch.device("cuda" if accelerator else "cpu"))
+    logits = 3 * chunk * 2**20  # a chunk of float32 logits, its softmax and its gradient
     return Memory(
         weights=(model.params + adapters) * dtype / share,
         reference=model.params * dtype / share if lora.r <= 0 and cfg.rl.kl_coef > 0 else 0.0,

@@ -97,6 +97,21 @@ def test_chunked_logprobs_and_entropy_equal_the_full_computation(tiny_model_dir,
     torch.testing.assert_close(out["chunked"][1], want_ent, rtol=0, atol=1e-5)
 
 
+def test_the_logits_chunk_follows_the_device_unless_it_is_set(tiny_model_dir, monkeypatch):
+    """model.logits_chunk_mib 0 (the default): 16 MiB on the CPU, 256 MiB on an accelerator, where
+    16 MiB chunks held an H200's update at a quarter of its speed; a value set is kept anywhere."""
+    assert logprobs_mod.logits_chunk_mib(0, torch.device("cpu")) == logprobs_mod.LOGITS_CHUNK_MIB == 16
+    assert logprobs_mod.logits_chunk_mib(0, torch.device("cuda", 0)) == logprobs_mod.ACCELERATOR_LOGITS_CHUNK_MIB
+    assert logprobs_mod.logits_chunk_mib(4.0, torch.device("cuda")) == logprobs_mod.logits_chunk_mib(4.0, torch.device("cpu")) == 4.0
+    model, tok = _model(tiny_model_dir, "fastlm", monkeypatch)
+    ids, attn, needed, temps = _rows(tok)
+    used = []
+    monkeypatch.setattr(logprobs_mod, "chunk_rows", lambda vocab, mib: (used.append(mib), 3)[1])
+    logprobs_mod.token_logprobs(model, ids, attn, temps, needed=needed)  # the default: this device's
+    logprobs_mod.token_logprobs(model, ids, attn, temps, needed=needed, chunk_mib=2.5)
+    assert used == [16, 2.5]
+
+
 def test_a_small_vocabulary_fits_one_chunk_and_is_bitwise_the_unchunked_head(tiny_model_dir):
     """The default chunk holds every position of the tiny models: their runs are unchanged bit for bit."""
     model, tok = _model(tiny_model_dir, "fastlm")

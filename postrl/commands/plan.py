@@ -158,7 +158,7 @@ def _memory_lines(cfg, model, work, hw, learners: int) -> list[str]:
     columns = [("every weight", LoraConfig(r=0), False), (f"LoRA r {lora.r}", lora, False)]
     if learners > 1:
         columns = [c for name, lc, _ in columns for c in ((name, lc, False), (f"{name}, fsdp/{learners}", lc, True))]
-    mems = [memory_per_rank(cfg, model, work, lc, learners, sharded) for _, lc, sharded in columns]
+    mems = [memory_per_rank(cfg, model, work, lc, learners, sharded, hw.accelerator) for _, lc, sharded in columns]
     width = max(len(name) for name, *_ in columns) + 3
     lines = [f"memory per rank, GiB   {''.join(f'{name:>{width}}' for name, *_ in columns)}"]
     for f in fields(Memory):
