@@ -40,6 +40,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,7 +52,7 @@ from gpu_step import build, flops_per_token, matmul_peak, sync, timed  # noqa: E
 from postrl.config import LoraConfig, RolloutConfig, VllmConfig, load_config, recipe_path  # noqa: E402
 from postrl.cost import GPU_PRESETS  # noqa: E402
 from postrl.learner.precision import make_optimizer  # noqa: E402
-from postrl.model.logprobs import token_logprobs  # noqa: E402
+from postrl.model.logprobs import logits_chunk_mib, token_logprobs  # noqa: E402
 from postrl.model.lora import apply_lora  # noqa: E402
 from postrl.sampling.generate import GenParams, generate  # noqa: E402
 
@@ -104,7 +105,7 @@ def sampling_models(args, device, dtype):
     from postrl.builtin_models import load_model
 
     # no local name holds a model between the yields: the caller's `del` frees it before the next loads
-    yield "smollm2-135m", load_model("smollm2-135m-instruct", "bfloat16", log=lambda *a: None)[0].to(device).eval()
+    yield "smollm2-135m", load_model("smollm2-135m-instruct", str(dtype).removeprefix("torch."), log=lambda *a: None)[0].to(device).eval()
     yield "qwen2.5-0.5b-shape", build("qwen2.5-0.5b", False, device, dtype)
 
 
@@ -118,13 +119,14 @@ def decode_bytes(model, batch: int, context: int) -> float:
     return weights + kv
 
 
-def mismatch(model, prompts: list[list[int]], gens, device) -> tuple[float, float]:
+def mismatch(model, prompts: list[list[int]], gens, device, chunk_mib: float) -> tuple[float, float]:
     """(mean, max) |sampler log-prob - learner log-prob| over the sampled tokens."""
     diffs = []
     with torch.no_grad():
         for row, g in zip(prompts, gens):
             ids = torch.tensor([row + list(g.token_ids)], device=device)
-            logp, _ = token_logprobs(model, ids, torch.ones_like(ids), torch.ones(1, device=device))
+            logp, _ = token_logprobs(model, ids, torch.ones_like(ids), torch.ones(1, device=device),
+                                     chunk_mib=chunk_mib)
             learner = logp[0, len(row) - 1 :].float().cpu()
             diffs += (learner - torch.tensor(g.logprobs)).abs().tolist()
     return sum(diffs) / len(diffs), max(diffs)
@@ -140,7 +142,7 @@ def sample_section(label: str, model, args, facts, device) -> None:
     def report(backend: str, gens, seconds: float) -> None:
         tok_s = args.batch * new / seconds
         share = steps_bytes * (new / seconds) / facts["bw"]
-        mean, top = mismatch(model, prompts, gens, device)
+        mean, top = mismatch(model, prompts, gens, device, args.logits_chunk_mib)
         print(f"{label} {backend}: {tok_s:.0f} tokens/s, {share:.1%} of the memory bandwidth a decode step; "
               f"|log p sampler - learner| mean {mean:.2e} max {top:.2e}", flush=True)
         result(f"{label}:{backend}:tokens_per_s", f"{tok_s:.1f}")
@@ -211,7 +213,7 @@ def learner_once(lora: bool, seq: int, args, facts, device, dtype) -> None:
     opt = make_optimizer(trained, lr=1e-5, weight_decay=0.0)
 
     def step():
-        logp, _ = token_logprobs(model, ids, attn, temps)
+        logp, _ = token_logprobs(model, ids, attn, temps, chunk_mib=args.logits_chunk_mib)
         loss = -(logp * adv[:, None]).mean()  # a policy gradient on every token
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
@@ -219,13 +221,18 @@ def learner_once(lora: bool, seq: int, args, facts, device, dtype) -> None:
         opt.zero_grad()
 
     step()  # warm-up
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     _, seconds = timed(device, step)
+    held = f"; {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB at most" if device.type == "cuda" else ""
     base = model.get_base_model() if lora else model
     flops = (2 if lora else 3) * flops_per_token(base, seq // 2) * ids.numel()
     share = flops / seconds / facts["peak"]
     kind = "lora" if lora else "full"
-    print(f"learner {kind} {seq}-token sequences x {rows}: {ids.numel() / seconds:.0f} tokens/s, "
-          f"{flops / seconds / 1e12:.3f} TFLOP/s = {share:.1%} of the peak", flush=True)
+    chunk = logits_chunk_mib(args.logits_chunk_mib, device)
+    print(f"learner {kind} {seq}-token sequences x {rows} (logits in {chunk:g} MiB chunks): "
+          f"{ids.numel() / seconds:.0f} tokens/s, "
+          f"{flops / seconds / 1e12:.3f} TFLOP/s = {share:.1%} of the peak{held}", flush=True)
     result(f"learner:{kind}:seq{seq}:flops_share", f"{share:.4f}")
 
 
@@ -262,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--update-tokens", type=int, default=16384, help="tokens in one timed update")
     p.add_argument("--grpo-steps", type=int, default=20)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="",
+                   help="of the sampling and learner sections (default: bfloat16 on cuda, float32 on cpu)")
+    p.add_argument("--logits-chunk-mib", type=float, default=0,
+                   help="float32 logits the learner computes at a time (model.logits_chunk_mib; 0: the device's default)")
     p.add_argument("--work", default="", help="run directory for the GRPO run (default: a temporary one)")
     args = p.parse_args(argv)
     if args.smoke:
@@ -270,30 +281,49 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: torch sees no CUDA device here (on a CPU: --smoke)")
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.float32 if device.type == "cpu" else torch.bfloat16
     work = Path(args.work or tempfile.mkdtemp(prefix="postrl-gpu-suite-"))
     sections = args.sections.split(",")
     t_all = time.perf_counter()
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        raise SystemExit(f"--sections: unknown section {', '.join(unknown)} ({', '.join(SECTIONS)})")
+    import transformers
+
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+          f"transformers {transformers.__version__}", flush=True)
     facts = device_facts(device, dtype, args.smoke)
+    failed = []
     for section in sections:
         t0 = time.perf_counter()
-        if section == "sampling":
-            for label, model in sampling_models(args, device, dtype):
-                sample_section(label, model, args, facts, device)
-                del model  # before the next one loads
-                release(device)
-        elif section == "learner":
-            learner_section(args, facts, device, dtype)
-        elif section == "grpo":
-            grpo_section(args, device, work)
-        elif section != "device":
-            raise SystemExit(f"--sections: unknown section {section!r} (device, sampling, learner, grpo)")
-        sync(device)
+        try:
+            run_section(section, args, facts, device, dtype, work)
+            sync(device)
+        except Exception:  # the machine is lent for minutes: one broken section must not cost the others
+            traceback.print_exc()
+            failed.append(section)
+            result(f"{section}:failed", 1)
+            release(device)
         print(f"[{section}: {time.perf_counter() - t0:.0f} s]", flush=True)
     wall = time.perf_counter() - t_all
-    print(f"wall {wall:.0f} s", flush=True)
+    print(f"wall {wall:.0f} s" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
     result("wall_s", f"{wall:.0f}", "<=480" if not args.smoke else "-")
-    return 0
+    return 1 if failed else 0
+
+
+SECTIONS = ("device", "sampling", "learner", "grpo")
+
+
+def run_section(section: str, args, facts, device, dtype, work: Path) -> None:
+    if section == "sampling":
+        for label, model in sampling_models(args, device, dtype):
+            sample_section(label, model, args, facts, device)
+            del model  # before the next one loads
+            release(device)
+    elif section == "learner":
+        learner_section(args, facts, device, dtype)
+    elif section == "grpo":
+        grpo_section(args, device, work)
 
 
 if __name__ == "__main__":

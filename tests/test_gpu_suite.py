@@ -34,3 +34,20 @@ def test_the_gpu_suite_smoke_runs_every_section_and_prints_its_figures(builtin_m
     assert all(0 < results[f"learner:{k}:seq64:flops_share"] for k in ("full", "lora"))
     assert out.rstrip().splitlines()[-1].startswith("RESULT wall_s=")
     assert (tmp_path / "grpo" / "final").is_dir()
+
+
+def test_a_section_that_breaks_is_reported_and_the_others_still_run(monkeypatch, tmp_path, capsys):
+    """On a lent machine a crash in one section must not cost the minutes of the rest."""
+
+    def broken(*args):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(gpu_suite, "learner_section", broken)
+    ran = []
+    monkeypatch.setattr(gpu_suite, "grpo_section", lambda *a: ran.append("grpo"))
+    assert gpu_suite.main(["--smoke", "--sections", "device,learner,grpo", "--work", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "RuntimeError: planted failure" in captured.err
+    assert "RESULT learner:failed=1" in captured.out
+    assert ran == ["grpo"]
+    assert "failed: learner" in captured.out and captured.out.rstrip().splitlines()[-1].startswith("RESULT wall_s=")
