@@ -1,12 +1,17 @@
-"""Write the one-step word problems of recipes/smollm2-gsm.yaml, in GSM8K's JSONL format.
+"""Write the one-step word problems of recipes/smollm2-gsm.yaml and smollm2-joint.yaml, in GSM8K's JSONL format.
 
-    python scripts/make_word_problems.py [--out recipes/data]
+    python scripts/make_word_problems.py [--out recipes/data]                # numbers 2-20, and the control
+    python scripts/make_word_problems.py --numbers 1-10 --train 1500         # the joint recipe's easier set
 
 Each line is {"question": ..., "answer": "<worked solution>\\n#### <number>"}, as in GSM8K.
 Files (fixed by the seed, so the shipped files are reproducible):
   word_problems_train.jsonl   2000 addition and subtraction problems (trained on)
   word_problems_test.jsonl     200 addition and subtraction problems (held out; none in train)
   multiplication_test.jsonl    200 multiplication problems (never trained on: the control)
+With --numbers 1-10 (recipes/smollm2-joint.yaml): word_problems_1to10_{train,test}.jsonl, 1500 and
+200 problems with numbers 1-10, no control. The base model answers them more often (on an earlier
+draw of this kind, docs/joint.md: greedy 0.200, pass@1 0.105 on 200 held out, where the 2-20 set
+gives 0.080 and 0.065), so more of a training step's groups carry signal.
 
 Why these: SmolLM2-135M-Instruct solves 1-2% of GSM8K itself, so a gain there cannot be measured on
 2 CPU cores. Measured before choosing (32 problems x 4 samples, T=0.7, 128 new tokens, the last
@@ -26,9 +31,9 @@ NAMES = ["Sam", "Mia", "Leo", "Ava", "Ben", "Zoe", "Noah", "Lily", "Omar", "Ines
 ITEMS = ["apples", "marbles", "books", "stickers", "pencils", "cards", "shells", "coins", "stamps", "cookies"]
 
 
-def add_or_subtract(rng: random.Random) -> tuple[str, str]:
+def add_or_subtract(rng: random.Random, low: int = 2, high: int = 20) -> tuple[str, str]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    a, b = rng.randint(low, high), rng.randint(low, high)
     if rng.random() < 0.5:
         question = f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?"
         return question, f"{name} has {a} + {b} = {a + b} {item} now.\n#### {a + b}"
@@ -59,16 +64,33 @@ def write(path: Path, rows: list[dict[str, str]]) -> None:
     print(f"{path}: {len(rows)} problems")
 
 
+def numbers(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+        raise argparse.ArgumentTypeError(f"--numbers: want LOW-HIGH with 1 <= LOW <= HIGH, got {text!r}")
+    return int(low), int(high)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="recipes/data")
-    out = Path(ap.parse_args().out)
+    ap.add_argument("--numbers", type=numbers, default=(2, 20), help="the operands' range, LOW-HIGH (default 2-20)")
+    ap.add_argument("--train", type=int, default=2000, help="training problems (200 are held out besides)")
+    args = ap.parse_args()
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    test = draw(add_or_subtract, random.Random("word-problems-test"), 200, set())
-    train = draw(add_or_subtract, random.Random("word-problems-train"), 2000, {r["question"] for r in test})
-    write(out / "word_problems_train.jsonl", train)
-    write(out / "word_problems_test.jsonl", test)
-    write(out / "multiplication_test.jsonl", draw(multiply, random.Random("multiplication-test"), 200, set()))
+    low, high = args.numbers
+    tag = "" if (low, high) == (2, 20) else f"_{low}to{high}"  # the 2-20 set keeps its names and seeds
+
+    def make(rng: random.Random) -> tuple[str, str]:
+        return add_or_subtract(rng, low, high)
+
+    test = draw(make, random.Random(f"word-problems{tag}-test"), 200, set())
+    train = draw(make, random.Random(f"word-problems{tag}-train"), args.train, {r["question"] for r in test})
+    write(out / f"word_problems{tag}_train.jsonl", train)
+    write(out / f"word_problems{tag}_test.jsonl", test)
+    if not tag:
+        write(out / "multiplication_test.jsonl", draw(multiply, random.Random("multiplication-test"), 200, set()))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,17 @@ def test_the_held_out_code_functions_are_never_trained_on():
     assert all(len(r["test_list"]) == 3 and r["test_list"][0].startswith("assert ") for r in test + train)
 
 
+def test_the_joint_recipes_word_problems_are_the_1_to_10_set_and_none_held_out_is_trained_on():
+    cfg = load_config(RECIPE, [])
+    assert cfg.domains["word_problems"].params["path"].endswith("word_problems_1to10_train.jsonl")
+    test, train = rows("word_problems_1to10_test.jsonl"), rows("word_problems_1to10_train.jsonl")
+    assert (len(test), len(train)) == (200, 1500) and not {r["question"] for r in test} & {r["question"] for r in train}
+    for r in test + train:
+        operands = [int(w) for w in r["question"].replace(".", " ").split() if w.isdigit()]
+        assert len(operands) == 2 and all(1 <= n <= 10 for n in operands), r["question"]
+        assert r["answer"].rsplit("#### ", 1)[1] == str(eval(r["answer"].split(" = ")[0].split(" has ", 1)[1]))
+
+
 def result(correct: list[int], greedy: list[bool] | None = None) -> dict:
     return {"correct": correct, "greedy": greedy or [bool(c) for c in correct]}
 
@@ -109,3 +120,35 @@ def test_an_arm_stopped_while_measured_keeps_its_finished_training_and_only_that
     assert arms.trained_run("joint_uniform", arms.key(overrides, "code"), run_dir) is None  # other settings
     assert bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=True)
     assert not (tmp_path / "joint_uniform.trained.json").exists()
+
+
+def test_an_arms_record_holds_what_the_report_needs_of_its_run(tmp_path):
+    """The full size's records are committed and the next sitting has no run directories: the
+    seesaw alerts, the curriculum's steps and the curves travel in the record itself."""
+    from rich.console import Console
+
+    from postrl.monitor.alerts import Alert, AlertLog
+
+    run_dir = tmp_path / "run"
+    (run_dir / "eval").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "curriculum/weight/a": w, "curriculum/weight/b": 1 - w, "batch/a": w,
+                            "batch/b": 1 - w, "pass_rate/a": 0.1 * s, "pass_rate/b": 0.5}) + "\n"
+                for s, w in ((0, 0.5), (1, 0.75))))
+    for step, p in ((0, 0.1), (2, 0.4)):
+        (run_dir / "eval" / f"step_{step}.json").write_text(json.dumps({"a": {"pass@1": p}, "ctl": {"pass@1": 0.2}}))
+    AlertLog(run_dir, Console(file=open("/dev/null", "w"))).record(
+        [Alert(2, "seesaw", "ctl dropped"), Alert(2, "kl_spike", "not a seesaw")])
+    record = json.loads(json.dumps(bench.run_record(run_dir, ["a", "b"])))  # as kept on disk
+    assert record["seesaw_alerts"] == [{"step": 2, "message": "ctl dropped"}]
+    assert record["evals"] == {"a": [[0, 0.1], [2, 0.4]], "ctl": [[0, 0.2], [2, 0.2]]}
+    assert record["weights"] == {"a": [[0, 0.5], [1, 0.75]], "b": [[0, 0.5], [1, 0.25]]}
+    assert record["story"][2:] == ["| 0 | 0.50 / 0.50 / 0.00 | 0.50 / 0.50 / 0.50 |",
+                                   "| 1 | 0.75 / 0.75 / 0.10 | 0.25 / 0.25 / 0.50 |"]
+    import shutil
+
+    shutil.rmtree(run_dir)  # the plots come from the record alone
+    bench.plot(record, tmp_path / "joint")
+    for suffix in ("eval", "weights"):
+        svg = (tmp_path / f"joint-{suffix}.svg").read_text()
+        assert svg.startswith("<svg") and "Joint curriculum run" in svg
