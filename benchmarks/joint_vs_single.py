@@ -1,7 +1,7 @@
 """Several domains trained jointly into one real model, against each trained alone: is there a seesaw?
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/joint_vs_single.py [--quick] [--out DIR] [--fresh]
-        [--steps N] [--set KEY=VALUE ...] [--arms ARM,ARM]
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/joint_vs_single.py [--quick] [--out DIR] [--runs DIR]
+        [--fresh] [--steps N] [--set KEY=VALUE ...] [--arms ARM,ARM]
 
 The recipe (recipes/smollm2-joint.yaml) trains SmolLM2-135M-Instruct with LoRA on three domains of
 different kinds, all from JSONL files a user could have brought: word problems graded by the math
@@ -16,11 +16,15 @@ evaluate every few steps with the seesaw alerts on. Every arm is measured on the
 problems (200 a domain; one sample at T=0.7 with the same seeds, and greedy), and each change is
 reported with its paired standard error against the base model (benchmarks/gain_common.py).
 
-Each arm's result is kept in OUT/<arm>.json (with its run directory under OUT/runs/, and
-OUT/<arm>.trained.json once its training has finished): run the script again and it goes on from
-the first arm it has not finished, without training again an arm whose training had finished, as
-long as the settings are the same (`--fresh` starts over). The arms run with the joint ones first,
-since the acceptance rests on them. The total time printed is the sum of the arms' own times.
+Each arm's result is kept in OUT/<arm>.json, with what the report needs of its run (the seesaw
+alerts, the curriculum's weights step by step, the in-run eval curves), the date, the commit and
+the load it ran under; its run directory is RUNS/<arm> (OUT/<arm>.trained.json once its training
+has finished). Run the script again and it goes on from the first arm it has not finished, without
+training again an arm whose training had finished, as long as the settings are the same (`--fresh`
+starts over). The full size keeps its records in benchmarks/results/joint_vs_single/, in the
+repository: the arms take longer together than one sitting on a 2-core machine, so a sitting
+commits the arms it finished and the next goes on from them. The arms run with the joint ones
+first, since the acceptance rests on them. The total time printed is the sum of the arms' own times.
 
 Targets (issue 31): in the joint curriculum arm every trained domain above its base by more than
 2 SE and no domain below its base by more than 2 SE; on each domain the joint curriculum arm within
@@ -37,6 +41,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,7 +52,7 @@ from postrl.builtin_models import load_model
 from postrl.config import generation_limits, load_config
 from postrl.files import write_atomic
 from postrl.loop import train
-from postrl.monitor.alerts import read_alerts
+from postrl.monitor.alerts import Alert, read_alerts
 from postrl.monitor.report import read_evals, series_svg
 from postrl.monitor.sinks import read_metrics
 from postrl.sampling.policy import Policy
@@ -55,14 +60,16 @@ from postrl.store.query import query
 from postrl.tasks.catalog import build_domains
 
 RECIPE = "recipes/smollm2-joint.yaml"
+RESULTS = "benchmarks/results/joint_vs_single"
+"""The full size's records, committed: the arms span sittings (see above)."""
 TARGET_GAIN_SE = 2.0
 TARGET_DROP_SE = 2.0
 TARGET_HOURS = 3.0
 
-FULL = {"problems": 200, "steps": 4, "prompts": 8, "samples": 8, "eval_every": 2, "eval_problems": 12, "max_tokens": 0}
-"""4 steps x 8 prompts x 8 samples an arm: on 2 CPU cores a step of 64 SmolLM2 completions takes ~5 min
-(sampling ~75 s, the LoRA update with its reference pass ~230 s) and measuring one policy on 4 x 200
-problems ~14 min, so six policies and five arms fill the 3 hours."""
+FULL = {"problems": 200, "steps": 10, "prompts": 8, "samples": 8, "eval_every": 4, "eval_problems": 12, "max_tokens": 0}
+"""10 steps x 8 prompts x 8 samples an arm (640 completions): on 2 CPU cores a step of 64 SmolLM2
+completions takes 90-200 s (LoRA on the fused forward) and measuring one policy on 4 x 200 problems
+about 14 min. At 4 steps (the first full run) no joint arm lifted more than one domain past 2 SE."""
 QUICK = {"problems": 8, "steps": 1, "prompts": 4, "samples": 4, "eval_every": 1, "eval_problems": 4, "max_tokens": 64}
 """--quick: the same arms, 8 problems a domain, one step of 16 completions, replies cut at 64 tokens:
 the shape of the run, not its significance."""
@@ -93,9 +100,12 @@ def load_avg() -> float:
 class Arms:
     """Runs and measures the arms, keeping each one's result on disk (OUT/<arm>.json)."""
 
-    def __init__(self, out: Path, recipe: str, size: dict, fresh: bool, extra: list[str] | None = None):
+    def __init__(self, out: Path, recipe: str, size: dict, fresh: bool, extra: list[str] | None = None,
+                 runs: Path | None = None):
         self.out, self.recipe, self.size, self.extra = out, recipe, size, extra or []
         """`extra`: recipe overrides for every trained arm (`--set`), part of each trained arm's key."""
+        self.runs = runs or out / "runs"
+        """Where the trained arms' run directories go (weights, rollouts: never in the repository)."""
         self.bench = load_config(recipe, [f"eval.num_problems={size['problems']}", *self.token_cap(recipe)])
         self.trained = list(self.bench.domains)
         domains = build_domains(self.bench) | build_domains(dataclasses.replace(self.bench, domains=self.bench.eval.domains))
@@ -123,7 +133,7 @@ class Arms:
         t0, loads = time.perf_counter(), [load_avg()]
         run_dir, model, train_s = None, self.bench.model.name, 0.0
         if overrides is not None:
-            run_dir = self.out / "runs" / arm
+            run_dir = self.runs / arm
             trained = self.trained_run(arm, key, run_dir)
             if trained:
                 train_s, loads = trained["train_seconds"], trained["load"]
@@ -146,7 +156,9 @@ class Arms:
         loads.append(load_avg())
         kept = {"key": key, "arm": arm, "results": results, "seconds": train_s + time.perf_counter() - t1,
                 "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,
-                "completions": completions(run_dir) if run_dir else 0}
+                "completions": completions(run_dir) if run_dir else {},
+                "run": run_record(run_dir, self.trained) if run_dir else None,
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit()}
         write_atomic(path, json.dumps(kept))
         return kept
 
@@ -182,6 +194,32 @@ class Arms:
                 f"train.samples_per_prompt={s['samples']}", f"eval.every_steps={s['eval_every']}",
                 f"eval.num_problems={s['eval_problems']}", "curriculum.dynamic_sampling=false",
                 "run.progress=false", "checkpoint.every_steps=0", "run.overwrite=true"]
+
+
+def commit() -> str:
+    """The commit this checkout is at ('' outside a git checkout), with '+' when files differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head.stdout.strip() + ("+" if dirty else "")
+
+
+def run_record(run_dir: Path, trained: list[str]) -> dict:
+    """What the report needs of a trained arm's run, kept in its record so that the report holds
+    where the run directory does not (another machine, a later sitting)."""
+    evals: dict[str, list] = {}
+    for e in read_evals(run_dir):
+        if e.step is not None:
+            for d, r in e.results.items():
+                evals.setdefault(d, []).append((e.step, r["pass@1"]))
+    metrics = read_metrics(run_dir)
+    weights = {d: [(s, m[f"curriculum/weight/{d}"]) for s, m in metrics.items() if f"curriculum/weight/{d}" in m]
+               for d in trained}
+    return {"seesaw_alerts": [{"step": a.step, "message": a.message} for a in read_alerts(run_dir) if a.name == "seesaw"],
+            "story": curriculum_story(metrics, trained), "evals": evals, "weights": weights}
 
 
 def completions(run_dir: Path) -> dict[str, int]:
@@ -256,9 +294,8 @@ def joint_against_single(results: dict[str, dict], trained: list[str]) -> list[t
     return [(d, *change(results[f"single_{d}"]["results"][d], joint[d])) for d in trained if f"single_{d}" in results]
 
 
-def curriculum_story(run_dir: Path, trained: list[str]) -> list[str]:
-    """What the joint curriculum run spent its samples on, step by step, and its domain weights."""
-    metrics = read_metrics(run_dir)
+def curriculum_story(metrics: dict[int, dict], trained: list[str]) -> list[str]:
+    """What a joint run spent its samples on, step by step, and its domain weights (its metrics)."""
     lines = ["| step | " + " | ".join(f"{d} weight / batch share / pass rate" for d in trained) + " |",
              "|---|" + "---|" * len(trained)]
     for step, m in metrics.items():
@@ -268,19 +305,12 @@ def curriculum_story(run_dir: Path, trained: list[str]) -> list[str]:
     return lines
 
 
-def plot(run_dir: Path, trained: list[str], path: Path) -> None:
-    """Held-out pass@1 per domain at each in-run eval, and the curriculum's domain weights."""
-    evals = {}
-    for e in read_evals(run_dir):
-        if e.step is not None:
-            for d, r in e.results.items():
-                evals.setdefault(d, []).append((e.step, r["pass@1"]))
-    weights = {d: [(s, m[f"curriculum/weight/{d}"]) for s, m in read_metrics(run_dir).items()
-                   if f"curriculum/weight/{d}" in m] for d in trained}
-    alerts = read_alerts(run_dir)
-    for series, title, ylabel, suffix in [(evals, "Joint curriculum run: held-out pass@1 (in-run eval)", "pass@1", "eval"),
-                                          (weights, "Joint curriculum run: domain weights", "sampling weight", "weights")]:
-        svg = series_svg(title, ylabel, {k: v for k, v in series.items() if v}, alerts)
+def plot(run: dict, path: Path) -> None:
+    """Held-out pass@1 per domain at each in-run eval, and the curriculum's domain weights (a run record)."""
+    alerts = [Alert(a["step"], "seesaw", a["message"]) for a in run["seesaw_alerts"]]
+    for series, title, ylabel, suffix in [(run["evals"], "Joint curriculum run: held-out pass@1 (in-run eval)", "pass@1", "eval"),
+                                          (run["weights"], "Joint curriculum run: domain weights", "sampling weight", "weights")]:
+        svg = series_svg(title, ylabel, {k: [tuple(p) for p in v] for k, v in series.items() if v}, alerts)
         path.with_name(f"{path.stem}-{suffix}.svg").write_text(svg)
 
 
@@ -288,7 +318,9 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="8 problems a domain, one step an arm: the shape, in minutes")
     ap.add_argument("--recipe", default=RECIPE)
-    ap.add_argument("--out", default="", help="where the arms' results and runs are kept (default runs/joint_vs_single[_quick])")
+    ap.add_argument("--out", default="", help="where the arms' results are kept (default: benchmarks/results/"
+                    "joint_vs_single, in the repository; --quick: runs/joint_vs_single_quick)")
+    ap.add_argument("--runs", default="", help="where the arms' run directories go (default: runs/joint_vs_single[_quick])")
     ap.add_argument("--fresh", action="store_true", help="forget the arms kept in --out and run them all")
     ap.add_argument("--plot", default="", help="write the joint curriculum run's curves to PATH-eval.svg and PATH-weights.svg")
     ap.add_argument("--steps", type=int, default=0, help="training steps an arm (default: the size's, 4; --quick 1)")
@@ -299,8 +331,9 @@ def main(argv: list[str]) -> int:
     size = QUICK if args.quick else FULL
     if args.steps:
         size = size | {"steps": args.steps}
-    out = Path(args.out or ("runs/joint_vs_single_quick" if args.quick else "runs/joint_vs_single"))
-    bench = Arms(out, args.recipe, size, args.fresh, args.set)
+    out = Path(args.out or ("runs/joint_vs_single_quick" if args.quick else RESULTS))
+    runs = Path(args.runs or ("runs/joint_vs_single_quick/runs" if args.quick else "runs/joint_vs_single"))
+    bench = Arms(out, args.recipe, size, args.fresh, args.set, runs)
     trained, domains = bench.trained, list(bench.suites)
     chosen = arms(trained)
     if args.arms:
@@ -326,8 +359,8 @@ def main(argv: list[str]) -> int:
           + ("; ".join(squeezed) if squeezed else "none"))
     for arm in ("joint_uniform", "joint_curriculum"):
         if arm in results:
-            alerts = [a for a in read_alerts(results[arm]["run_dir"]) if a.name == "seesaw"]
-            print(f"{arm}: {len(alerts)} seesaw alert(s)" + "".join(f"\n  step {a.step}: {a.message}" for a in alerts))
+            alerts = results[arm]["run"]["seesaw_alerts"]
+            print(f"{arm}: {len(alerts)} seesaw alert(s)" + "".join(f"\n  step {a['step']}: {a['message']}" for a in alerts))
     gains = gains_in_se(results, domains) if "joint_curriculum" in results else {}
     if gains:
         print("\njoint curriculum vs base, in SE: " + ", ".join(f"{d} {g:+.1f}" for d, g in gains.items()))
@@ -335,12 +368,14 @@ def main(argv: list[str]) -> int:
         for d, delta, se in joint_against_single(results, trained):
             verdict = "within 2 SE or above" if in_se(delta, se) >= -2 else "BELOW by more than 2 SE"
             print(f"  {d}: {delta:+.3f} +/- {2 * se:.3f} ({verdict})")
-        run_dir = Path(results["joint_curriculum"]["run_dir"])
-        print("\nthe joint curriculum run, step by step (postrl report " + str(run_dir) + " draws it):")
-        print("\n".join(curriculum_story(run_dir, trained)))
+        joint = results["joint_curriculum"]
+        print(f"\nthe joint curriculum run, step by step (postrl report {joint['run_dir']} draws it, where it is kept):")
+        print("\n".join(joint["run"]["story"]))
         if args.plot:
-            plot(run_dir, trained, Path(args.plot))
+            plot(joint["run"], Path(args.plot))
 
+    print("\n" + "\n".join(f"{arm}: {r['seconds'] / 60:.1f} min, {r.get('date', '?')}, at {r.get('commit') or '?'}"
+                            for arm, r in results.items()))
     seconds = sum(r["seconds"] for r in results.values())
     loads = [x for r in results.values() for x in r["load"]]
     print(f"\ntotal {seconds / 3600:.2f} h over the arms (target {TARGET_HOURS:.0f} h; --quick: 20 min); "
