@@ -134,7 +134,7 @@ class ModelConfig:
     """Largest chunk of float32 logits, in MiB: the vocabulary head runs on that many positions at a
     time (recomputed in the backward), never on all of them at once; its working memory is a few
     times this (softmax, gradient). Tiny vocabularies fit one chunk. 0: 16 MiB on the CPU, 256 MiB
-    on an accelerator (where small chunks starve the device: 4.3-4.7x slower updates on an H200)."""
+    on an accelerator (where small chunks starve the device: 3.3-4.7x slower updates on an H200)."""
 
 
 @dataclass

@@ -99,7 +99,7 @@ def test_chunked_logprobs_and_entropy_equal_the_full_computation(tiny_model_dir,
 
 def test_the_logits_chunk_follows_the_device_unless_it_is_set(tiny_model_dir, monkeypatch):
     """model.logits_chunk_mib 0 (the default): 16 MiB on the CPU, 256 MiB on an accelerator, where
-    16 MiB chunks held an H200's update at a quarter of its speed; a value set is kept anywhere."""
+    16 MiB chunks held an H200's update at a fifth to a third of its speed; a value set is kept anywhere."""
     assert logprobs_mod.logits_chunk_mib(0, torch.device("cpu")) == logprobs_mod.LOGITS_CHUNK_MIB == 16
     assert logprobs_mod.logits_chunk_mib(0, torch.device("cuda", 0)) == logprobs_mod.ACCELERATOR_LOGITS_CHUNK_MIB
     assert logprobs_mod.logits_chunk_mib(4.0, torch.device("cuda")) == logprobs_mod.logits_chunk_mib(4.0, torch.device("cpu")) == 4.0

@@ -45,10 +45,10 @@ LOGITS_CHUNK_MIB = 16
 ACCELERATOR_LOGITS_CHUNK_MIB = 256
 """One chunk on an accelerator, where `model.logits_chunk_mib` is 0. Measured on an H200
 (`benchmarks/gpu_suite.py --sections learner --logits-chunk-mib N`, a Qwen2.5-0.5B shape with its
-151,936-word head, 16k tokens an update, bf16): 16 MiB chunks (27 positions each) held the update at
-12-13k tokens/s, 4% of the bf16 peak, the head's hundreds of small launches and recomputations
-dominating; 256 MiB ran 40-57k tokens/s (4.3-4.7x) for 1 GiB more memory at most; 1024 MiB 2-8%
-more again for 4 GiB more."""
+151,936-word head, 16k tokens an update, bf16, full and LoRA, 1k and 4k sequences): 16 MiB chunks
+(27 positions each) held the update at 12-13k tokens/s, 3-5% of the bf16 peak, the head's hundreds
+of small launches and recomputations dominating; 256 MiB ran 40-57k tokens/s (3.3-4.7x) for at most
+1 GiB more; 1024 MiB 2-8% more again for 4 GiB more."""
 
 
 def logits_chunk_mib(configured: float, device: torch.device) -> float:
