@@ -106,6 +106,8 @@ class Arms:
         """`extra`: recipe overrides for every trained arm (`--set`), part of each trained arm's key."""
         self.runs = runs or out / "runs"
         """Where the trained arms' run directories go (weights, rollouts: never in the repository)."""
+        self.commit = commit()
+        """The code the arms run with: the checkout when this process started."""
         self.bench = load_config(recipe, [f"eval.num_problems={size['problems']}", *self.token_cap(recipe)])
         self.trained = list(self.bench.domains)
         domains = build_domains(self.bench) | build_domains(dataclasses.replace(self.bench, domains=self.bench.eval.domains))
@@ -158,7 +160,7 @@ class Arms:
                 "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,
                 "completions": completions(run_dir) if run_dir else {},
                 "run": run_record(run_dir, self.trained) if run_dir else None,
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit()}
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": self.commit}
         write_atomic(path, json.dumps(kept))
         return kept
 
