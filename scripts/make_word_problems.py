@@ -9,9 +9,9 @@ Files (fixed by the seed, so the shipped files are reproducible):
   word_problems_test.jsonl     200 addition and subtraction problems (held out; none in train)
   multiplication_test.jsonl    200 multiplication problems (never trained on: the control)
 With --numbers 1-10 (recipes/smollm2-joint.yaml): word_problems_1to10_{train,test}.jsonl, 1500 and
-200 problems with numbers 1-10, no control. The base model answers them more often (on an earlier
-draw of this kind, docs/joint.md: greedy 0.200, pass@1 0.105 on 200 held out, where the 2-20 set
-gives 0.080 and 0.065), so more of a training step's groups carry signal.
+200 problems with numbers 1-10, no control. The base model answers them more often: on the shipped
+200 held out greedy 0.250, pass@1 0.140 (joint_vs_single.py's base measurement, 2026-12-04), where
+the 2-20 set gives 0.080 and 0.065, so more of a training step's groups carry signal.
 
 Why these: SmolLM2-135M-Instruct solves 1-2% of GSM8K itself, so a gain there cannot be measured on
 2 CPU cores. Measured before choosing (32 problems x 4 samples, T=0.7, 128 new tokens, the last
