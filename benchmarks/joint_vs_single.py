@@ -1,7 +1,7 @@
 """Several domains trained jointly into one real model, against each trained alone: is there a seesaw?
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/joint_vs_single.py [--quick] [--out DIR] [--runs DIR]
-        [--fresh] [--steps N] [--set KEY=VALUE ...] [--arms ARM,ARM]
+        [--fresh] [--steps N] [--set KEY=VALUE ...] [--arms ARM,ARM] [--seeds N]
 
 The recipe (recipes/smollm2-joint.yaml) trains SmolLM2-135M-Instruct with LoRA on three domains of
 different kinds, all from JSONL files a user could have brought: word problems graded by the math
@@ -15,6 +15,8 @@ sampling off): the base model; each domain trained alone; all three jointly with
 evaluate every few steps with the seesaw alerts on. Every arm is measured on the same held-out
 problems (200 a domain; one sample at T=0.7 with the same seeds, and greedy), and each change is
 reported with its paired standard error against the base model (benchmarks/gain_common.py).
+`--seeds N` runs the joint curriculum again under N-1 more seeds and reports each run's gains and
+their mean: at 10 steps two runs of one recipe differ as much as the schedules could.
 
 Each arm's result is kept in OUT/<arm>.json, with what the report needs of its run (the seesaw
 alerts, the curriculum's weights step by step, the in-run eval curves), the date, the commit and
@@ -75,13 +77,15 @@ QUICK = {"problems": 8, "steps": 1, "prompts": 4, "samples": 4, "eval_every": 1,
 the shape of the run, not its significance."""
 
 
-def arms(trained: list[str]) -> dict[str, tuple[list[str], str | None]]:
+def arms(trained: list[str], seeds: list[int] = ()) -> dict[str, tuple[list[str], str | None]]:
     """{arm: (its overrides of the recipe, the one domain it trains or None for all)}, in the order
-    they run: the joint arms first (the acceptance rests on them), then each domain alone."""
+    they run: the joint arms first (the acceptance rests on them), then each domain alone, then the
+    joint curriculum again under each of `seeds` (`joint_curriculum_seed<N>`)."""
     single = {f"single_{name}": (["curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"], name)
               for name in trained}
+    reseeded = {f"joint_curriculum_seed{n}": ([f"seed={n}", "curriculum.schedule=learnability"], None) for n in seeds}
     return {"joint_curriculum": (["curriculum.schedule=learnability"], None),
-            "joint_uniform": (["curriculum.schedule=fixed"], None), **single}
+            "joint_uniform": (["curriculum.schedule=fixed"], None), **single, **reseeded}
 
 
 def columns(trained: list[str]) -> list[str]:
@@ -296,6 +300,21 @@ def joint_against_single(results: dict[str, dict], trained: list[str]) -> list[t
     return [(d, *change(results[f"single_{d}"]["results"][d], joint[d])) for d in trained if f"single_{d}" in results]
 
 
+def over_seeds(results: dict[str, dict], domains: list[str]) -> dict[str, dict]:
+    """The joint curriculum arm and its reseeded runs (`joint_curriculum_seed<N>`), per domain:
+    {"gains": each run's pass@1 change against base, "mean": their mean, "pooled_se": the paired SE
+    of the mean over runs (per problem: the runs' mean minus the base's; the problems' spread
+    only), "seed_se": the runs' own spread, stdev(gains) / sqrt(runs)}."""
+    runs = [r["results"] for arm, r in results.items() if arm == "joint_curriculum" or arm.startswith("joint_curriculum_seed")]
+    base, out = results["base"]["results"], {}
+    for d in domains:
+        gains = [change(base[d], r[d])[0] for r in runs]
+        pooled = {"correct": [statistics.mean(c) for c in zip(*(r[d]["correct"] for r in runs))]}
+        out[d] = {"gains": gains, "mean": statistics.mean(gains), "pooled_se": paired_se(base[d], pooled, 1),
+                  "seed_se": statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else math.nan}
+    return out
+
+
 def curriculum_story(metrics: dict[int, dict], trained: list[str]) -> list[str]:
     """What a joint run spent its samples on, step by step, and its domain weights (its metrics)."""
     lines = ["| step | " + " | ".join(f"{d} weight / batch share / pass rate" for d in trained) + " |",
@@ -329,6 +348,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a recipe override for every trained arm (repeatable), e.g. curriculum.domain_draw=stratified")
     ap.add_argument("--arms", default="", help="comma-separated arms to run (default all); the base model always runs")
+    ap.add_argument("--seeds", type=int, default=1, help="run the joint curriculum under N seeds (the recipe's, then "
+                    "the next ones; default 1): the report adds each run's gains and their mean")
     args = ap.parse_args(argv)
     size = QUICK if args.quick else FULL
     if args.steps:
@@ -337,7 +358,7 @@ def main(argv: list[str]) -> int:
     runs = Path(args.runs or ("runs/joint_vs_single_quick/runs" if args.quick else "runs/joint_vs_single"))
     bench = Arms(out, args.recipe, size, args.fresh, args.set, runs)
     trained, domains = bench.trained, list(bench.suites)
-    chosen = arms(trained)
+    chosen = arms(trained, [bench.bench.seed + k for k in range(1, args.seeds)])
     if args.arms:
         unknown = sorted(set(args.arms.split(",")) - set(chosen))
         if unknown:
@@ -349,7 +370,9 @@ def main(argv: list[str]) -> int:
     results = {"base": bench.run("base", None)}
     for arm, (overrides, only) in chosen.items():
         results[arm] = bench.run(arm, overrides, only)
-    results = {arm: results[arm] for arm in columns(trained) if arm in results}
+    ran = results
+    seeded = over_seeds(ran, domains) if any(arm.startswith("joint_curriculum_seed") for arm in ran) else {}
+    results = {arm: ran[arm] for arm in columns(trained) if arm in ran}
 
     table(results, domains, trained)
     print("\nsampled completions trained on, per arm: " + "; ".join(
@@ -375,11 +398,17 @@ def main(argv: list[str]) -> int:
         print("\n".join(joint["run"]["story"]))
         if args.plot:
             plot(joint["run"], Path(args.plot))
+    if seeded:
+        print(f"\nthe joint curriculum over {len(next(iter(seeded.values()))['gains'])} seeds, pass@1 change against base: "
+              "each run; their mean, in pooled paired SE (the problems' spread) and in the runs' own SE")
+        for d, s in seeded.items():
+            print(f"  {d}: {' '.join(f'{g:+.3f}' for g in s['gains'])}; mean {s['mean']:+.3f} "
+                  f"({in_se(s['mean'], s['pooled_se']):+.1f} pooled SE, {in_se(s['mean'], s['seed_se']):+.1f} seed SE)")
 
     print("\n" + "\n".join(f"{arm}: {r['seconds'] / 60:.1f} min, {r.get('date', '?')}, at {r.get('commit') or '?'}"
-                            for arm, r in results.items()))
-    seconds = sum(r["seconds"] for r in results.values())
-    loads = [x for r in results.values() for x in r["load"]]
+                            for arm, r in ran.items()))
+    seconds = sum(r["seconds"] for r in ran.values())
+    loads = [x for r in ran.values() for x in r["load"]]
     print(f"\ntotal {seconds / 3600:.2f} h over the arms (target {TARGET_HOURS:.0f} h; --quick: 20 min); "
           f"load average {min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}) on "
           f"{os.cpu_count()} CPUs")

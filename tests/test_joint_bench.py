@@ -4,6 +4,7 @@ out functions never trained on; the report finds a seesaw and computes its headl
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -152,3 +153,19 @@ def test_an_arms_record_holds_what_the_report_needs_of_its_run(tmp_path):
     for suffix in ("eval", "weights"):
         svg = (tmp_path / f"joint-{suffix}.svg").read_text()
         assert svg.startswith("<svg") and "Joint curriculum run" in svg
+
+
+def test_the_joint_curriculum_under_several_seeds_is_reported_run_by_run_and_pooled():
+    assert bench.arms(["a"], [1, 2])["joint_curriculum_seed2"] == (["seed=2", "curriculum.schedule=learnability"], None)
+    assert not any(arm.startswith("joint_curriculum_seed") for arm in bench.arms(["a"]))
+    base = {"a": result([0] * 100)}
+    results = {"base": {"results": base},
+               "joint_curriculum": {"results": {"a": result([1] * 40 + [0] * 60)}},   # +0.40
+               "single_a": {"results": {"a": result([1] * 90 + [0] * 10)}},           # not a seed: left out
+               "joint_curriculum_seed1": {"results": {"a": result([0] * 80 + [1] * 20)}}}  # +0.20, other problems
+    s = bench.over_seeds(results, ["a"])["a"]
+    assert s["gains"] == [0.4, 0.2] and abs(s["mean"] - 0.3) < 1e-12
+    assert abs(s["seed_se"] - 0.1) < 1e-12  # stdev(0.4, 0.2) / sqrt(2)
+    # per problem the two runs' mean: 40 at 0.5, 40 at 0, 20 at 0.5 -> 60 problems at 0.5, 40 at 0
+    assert abs(s["pooled_se"] - (0.25 * 0.6 * 0.4 * 100 / 99 / 100) ** 0.5) < 1e-12
+    assert math.isnan(bench.over_seeds({k: results[k] for k in ("base", "joint_curriculum")}, ["a"])["a"]["seed_se"])
