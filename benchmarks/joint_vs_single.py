@@ -77,7 +77,7 @@ QUICK = {"problems": 8, "steps": 1, "prompts": 4, "samples": 4, "eval_every": 1,
 the shape of the run, not its significance."""
 
 
-def arms(trained: list[str], seeds: list[int] = ()) -> dict[str, tuple[list[str], str | None]]:
+def arms(trained: list[str], seeds: tuple[int, ...] = ()) -> dict[str, tuple[list[str], str | None]]:
     """{arm: (its overrides of the recipe, the one domain it trains or None for all)}, in the order
     they run: the joint arms first (the acceptance rests on them), then each domain alone, then the
     joint curriculum again under each of `seeds` (`joint_curriculum_seed<N>`)."""
@@ -351,6 +351,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="run the joint curriculum under N seeds (the recipe's, then "
                     "the next ones; default 1): the report adds each run's gains and their mean")
     args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error(f"--seeds: at least 1 run (got {args.seeds})")
     size = QUICK if args.quick else FULL
     if args.steps:
         size = size | {"steps": args.steps}
@@ -358,7 +360,7 @@ def main(argv: list[str]) -> int:
     runs = Path(args.runs or ("runs/joint_vs_single_quick/runs" if args.quick else "runs/joint_vs_single"))
     bench = Arms(out, args.recipe, size, args.fresh, args.set, runs)
     trained, domains = bench.trained, list(bench.suites)
-    chosen = arms(trained, [bench.bench.seed + k for k in range(1, args.seeds)])
+    chosen = arms(trained, tuple(bench.bench.seed + k for k in range(1, args.seeds)))
     if args.arms:
         unknown = sorted(set(args.arms.split(",")) - set(chosen))
         if unknown:

@@ -156,7 +156,7 @@ def test_an_arms_record_holds_what_the_report_needs_of_its_run(tmp_path):
 
 
 def test_the_joint_curriculum_under_several_seeds_is_reported_run_by_run_and_pooled():
-    assert bench.arms(["a"], [1, 2])["joint_curriculum_seed2"] == (["seed=2", "curriculum.schedule=learnability"], None)
+    assert bench.arms(["a"], (1, 2))["joint_curriculum_seed2"] == (["seed=2", "curriculum.schedule=learnability"], None)
     assert not any(arm.startswith("joint_curriculum_seed") for arm in bench.arms(["a"]))
     base = {"a": result([0] * 100)}
     results = {"base": {"results": base},
