@@ -26,8 +26,9 @@ training again an arm whose training had finished, as long as the settings are t
 starts over). The full size keeps its records in benchmarks/results/joint_vs_single_14steps/, in
 the repository (the 10-step run's stay in benchmarks/results/joint_vs_single/, read with `--steps 10
 --out benchmarks/results/joint_vs_single`): the arms take longer together than one sitting on a
-2-core machine, so a sitting commits the arms it finished and the next goes on from them. The arms run with the joint ones
-first, since the acceptance rests on them. The total time printed is the sum of the arms' own times.
+2-core machine, so a sitting commits the arms it finished and the next goes on from them. The arms
+run with the joint ones first, since the acceptance rests on them. The total time printed is the
+sum of the arms' own times.
 
 Targets (issue 31): in the joint curriculum arm every trained domain above its base by more than
 2 SE and no domain below its base by more than 2 SE; on each domain the joint curriculum arm within
@@ -72,7 +73,7 @@ TARGET_HOURS = 3.0
 FULL = {"problems": 200, "steps": 14, "prompts": 8, "samples": 8, "eval_every": 4, "eval_problems": 12, "max_tokens": 0}
 """14 steps x 8 prompts x 8 samples an arm (896 completions): on 2 CPU cores a step of 64 SmolLM2
 completions takes 30-130 s (LoRA on the fused forward) and measuring one policy on 4 x 200 problems
-7-13 min, so the six measurements fit the 3 hours with little to spare (16 steps would not). At 4
+5-13 min, so the six measurements fit the 3 hours with little to spare (16 steps would not). At 4
 steps no joint arm lifted more than one domain past 2 SE; at 10 steps the joint curriculum's
 smallest gain was 0.96-1.96 SE over three seeds (docs/joint.md)."""
 QUICK = {"problems": 8, "steps": 1, "prompts": 4, "samples": 4, "eval_every": 1, "eval_problems": 4, "max_tokens": 64}
