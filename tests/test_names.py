@@ -92,7 +92,7 @@ def test_the_train_command_exits_2_in_a_fresh_process(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        "error: config key 'rl.loss' = 'bogus_name': unknown policy loss (expected one of: ppo_clip)"
+        "error: config key 'rl.loss' = 'bogus_name': unknown policy loss (expected one of: cispo, gspo, ppo_clip)"
     ]
     assert not (tmp_path / "run").exists() and list(cache.iterdir()) == []  # no model loaded or pretrained
 

@@ -38,6 +38,21 @@ def rloo(rewards: torch.Tensor, scale_by_std: bool = False, eps: float = 1e-6) -
     return adv
 
 
+@register_advantage("reinforce_pp")
+def reinforce_pp(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025): A = (r - mean(batch)) / (std(batch) + eps), over all G*N rewards at once.
+
+    No per-prompt baseline: normalising over the whole batch (not each group) keeps one easy or
+    hard prompt's tiny spread from inflating its advantages, the bias the paper finds in GRPO. The
+    KL to the reference goes into the reward (`rl.kl_in: reward`): `group_advantages` subtracts it
+    before this estimator sees the rewards. A batch whose rewards are all equal gets zero advantage.
+    """
+    centred = rewards - rewards.mean()  # [G, N]
+    if scale_by_std:
+        centred = centred / (rewards.std() + eps)
+    return centred
+
+
 def fill_unverified(rewards: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
     """rewards, verified: [G, N]. Unverified entries take the mean of their group's verified ones (0 if none)."""
     v = verified.float()

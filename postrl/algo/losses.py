@@ -145,3 +145,72 @@ def truncated_is_weight(prox_logp: torch.Tensor, behav_logp: torch.Tensor, cap: 
     tokens the stale policy under-sampled by more than a factor `cap`.
     """
     return torch.exp(prox_logp - behav_logp).clamp(max=cap).detach()
+
+
+def _clip_stats(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> LossStats:
+    """ratio, mask: [B, T]; adv: [B, 1]. Share of masked tokens clipped in the advantage's direction."""
+    with torch.no_grad():
+        was_clipped = ((ratio < 1 - low) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
+        n = mask.sum().clamp(min=1)
+        return LossStats(clip_frac=float((was_clipped.float() * mask).sum() / n),
+                         ratio_mean=float((ratio * mask).sum() / n))
+
+
+@register_loss("gspo")
+def gspo(
+    logp: torch.Tensor,  # [B, T] current policy
+    old_logp: torch.Tensor,  # [B, T] behaviour policy
+    advantages: torch.Tensor,  # [B]
+    mask: torch.Tensor,  # [B, T]
+    clip_low: float,
+    clip_high: float,
+    agg: str,
+    is_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, LossStats]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): one importance ratio a completion.
+
+    s_i = exp( (1/|y_i|) sum_t log(pi(y_t) / pi_old(y_t)) )   (geometric mean of the token ratios)
+    loss_i = -min(s_i * A_i, clip(s_i, 1 - clip_low, 1 + clip_high) * A_i)
+    Written token-wise as the paper's GSPO-token: s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)] has the
+    value s_i on every token and the gradient s_i * grad log pi(y_t), so with `seq-mean-token-mean`
+    the gradient is exactly grad s_i * A_i: (1/|y_i|) sum_t s_i A_i grad log pi(y_t), spread evenly
+    over the completion's tokens. The whole sequence is clipped or not. The paper's ranges are far
+    narrower than PPO's (3e-4 / 4e-4) because a sequence ratio moves much less than a token one.
+    A token-level importance weight cannot be used: it would break the one-ratio-a-sequence rule.
+    """
+    if is_weight is not None:
+        raise ValueError("gspo takes no token-level importance weight (rl.loss=gspo with a rollout correction)")
+    n_tok = mask.sum(-1).clamp(min=1)  # [B]
+    log_s = ((logp - old_logp) * mask).sum(-1) / n_tok  # [B]
+    seq_ratio = torch.exp(log_s.detach()[:, None] + logp - logp.detach())  # [B, T], value s_i on every token
+    adv = advantages[:, None]  # [B, 1]
+    clipped = seq_ratio.clamp(1 - clip_low, 1 + clip_high) * adv
+    per_token = -torch.minimum(seq_ratio * adv, clipped)  # [B, T]
+    return aggregate(per_token, mask, agg), _clip_stats(seq_ratio, adv, mask, clip_low, clip_high)
+
+
+@register_loss("cispo")
+def cispo(
+    logp: torch.Tensor,  # [B, T] current policy
+    old_logp: torch.Tensor,  # [B, T] behaviour policy
+    advantages: torch.Tensor,  # [B]
+    mask: torch.Tensor,  # [B, T]
+    clip_low: float,
+    clip_high: float,
+    agg: str,
+    is_weight: torch.Tensor | None = None,  # [B, T] off-policy correction, no gradient; None = 1
+) -> tuple[torch.Tensor, LossStats]:
+    """CISPO (MiniMax-M1, 2025): clip the importance weight, not the update.
+
+    loss_t = -sg[clip(r_t, 1 - clip_low, 1 + clip_high)] * A * log pi(y_t),  r_t = pi(y_t) / pi_old(y_t)
+    The clipped weight is detached, so every token keeps its REINFORCE gradient -w_t * A * grad log pi
+    (PPO's clip zeroes it on clipped tokens, which drops the rare "fork" tokens reasoning depends on);
+    the clip only bounds how much one token's gradient can be up-weighted. MiniMax-M1 uses
+    `token-mean` and sets only the upper range in practice (a large clip_low means no lower bound).
+    """
+    ratio = torch.exp(logp - old_logp).detach()  # [B, T]
+    adv = advantages[:, None]  # [B, 1]
+    per_token = -ratio.clamp(1 - clip_low, 1 + clip_high) * adv * logp  # [B, T]
+    if is_weight is not None:
+        per_token = is_weight.detach() * per_token
+    return aggregate(per_token, mask, agg), _clip_stats(ratio, adv, mask, clip_low, clip_high)

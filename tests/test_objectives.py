@@ -1,0 +1,61 @@
+"""GSPO, CISPO and REINFORCE++ against values worked out by hand (#45)."""
+
+import math
+
+import pytest
+import torch
+
+from postrl.algo.advantages import ADVANTAGES, group_advantages, reinforce_pp
+from postrl.algo.losses import LOSSES, cispo, gspo
+
+
+def test_gspo_clips_whole_sequences_on_the_geometric_mean_ratio_and_spreads_the_gradient():
+    # row 0: token log-ratios 0.2, 0.0 (the padded third, 5.0, is masked) -> s = e^0.1 = 1.10517, inside 1.2
+    # row 1: log-ratios 0.6 on all three tokens -> s = e^0.6 = 1.822 > 1.2: clipped, value 1.2, no gradient
+    old = torch.zeros(2, 3)
+    logp = torch.tensor([[0.2, 0.0, 5.0], [0.6, 0.6, 0.6]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, st = gspo(logp, old, torch.tensor([1.0, 1.0]), mask, 0.2, 0.2, "seq-mean-token-mean")
+    assert float(loss.detach()) == pytest.approx(-(math.exp(0.1) + 1.2) / 2, rel=1e-6)
+    loss.backward()
+    # d/dlogp_t of -(1/2) * s_0 * A_0 = -(1/2) * s_0 * (1/|y_0|) = -0.25 * e^0.1 on each real token of row 0
+    g = -0.25 * math.exp(0.1)
+    assert logp.grad.tolist()[0] == pytest.approx([g, g, 0.0], rel=1e-6)
+    assert logp.grad.tolist()[1] == [0.0, 0.0, 0.0]
+    assert st.clip_frac == pytest.approx(3 / 5)  # row 1's three tokens of the five real ones
+
+
+def test_gspo_refuses_a_token_level_weight():
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="gspo"):
+        gspo(x, x, torch.ones(1), torch.ones(1, 2), 0.2, 0.2, "token-mean", is_weight=torch.ones(1, 2))
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens_under_a_detached_weight():
+    # ratios 0.5/0.25 = 2 (clipped to 1.28) and 0.25/0.25 = 1; A = 2
+    logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_()
+    old = torch.log(torch.tensor([[0.25, 0.25]]))
+    loss, st = cispo(logp, old, torch.tensor([2.0]), torch.ones(1, 2), 0.2, 0.28, "token-mean")
+    # per token -w * A * log pi: -1.28 * 2 * log 0.5 = 1.774457, -1 * 2 * log 0.25 = 2.772589; mean of the two
+    assert float(loss.detach()) == pytest.approx((2.56 * math.log(2) + 2 * math.log(4)) / 2, rel=1e-6)
+    loss.backward()
+    assert logp.grad.tolist()[0] == pytest.approx([-1.28, -1.0], rel=1e-6)  # -w * A / 2 tokens: none dropped
+    assert st.clip_frac == 0.5 and st.ratio_mean == pytest.approx(1.5)
+
+
+def test_reinforce_pp_normalises_over_the_batch_not_the_group():
+    adv = reinforce_pp(torch.tensor([[1.0, 0.0], [1.0, 1.0]]))
+    # batch mean 0.75; centred 0.25, -0.75, 0.25, 0.25; unbiased var = (3 * 0.0625 + 0.5625) / 3 = 0.25
+    assert adv.flatten().tolist() == pytest.approx([0.5, -1.5, 0.5, 0.5], rel=1e-5)
+    # the all-correct second group keeps a nonzero advantage (GRPO would give it zero)
+
+
+def test_reinforce_pp_sees_the_kl_penalty_in_the_reward():
+    rewards, verified = torch.tensor([[1.0, 0.0]]), torch.ones(1, 2, dtype=torch.bool)
+    adv = group_advantages(reinforce_pp, rewards, verified, torch.tensor([0.5, 0.0]), scale_by_std=False)
+    assert adv.tolist() == pytest.approx([0.25, -0.25])  # rewards 0.5, 0 after the penalty; mean 0.25
+
+
+def test_new_objectives_are_registered():
+    assert LOSSES.get("gspo") is gspo and LOSSES.get("cispo") is cispo
+    assert ADVANTAGES.get("reinforce_pp") is reinforce_pp
