@@ -211,6 +211,24 @@ def check_names(cfg: Config) -> None:
     for row in NAMED_KEYS:
         for key, value, name in (row.values or functools.partial(value_at, row.pattern))(cfg):
             row.registry(cfg, name).check(value, key)
+    check_loss_weight(cfg)
+
+
+def check_loss_weight(cfg: Config) -> None:
+    """A loss that takes no per-token importance weight (`LossFacts.token_weight`, e.g. gspo) with a
+    setting that gives it one: a rollout correction, or stale rows under the trainer's proximal pass."""
+    if LOSSES.facts(cfg.rl.loss).token_weight:
+        return
+    mode = cfg.rl.rollout_correction.mode
+    if mode == "auto" and not SAMPLING_BACKENDS.facts(cfg.rollout.backend).learner_numerics:
+        mode = f"auto (seq_mask for rollout.backend {cfg.rollout.backend})"
+    if mode not in ("none", "auto"):
+        raise ConfigError(f"config key 'rl.loss' = {cfg.rl.loss!r} takes no per-token importance weight, which "
+                          f"rl.rollout_correction.mode = {mode!r} gives it; set rl.rollout_correction.mode=none")
+    if cfg.pipeline.max_staleness > 0 and cfg.pipeline.proximal == "trainer":
+        raise ConfigError(f"config key 'rl.loss' = {cfg.rl.loss!r} takes no per-token importance weight, which "
+                          f"pipeline.max_staleness > 0 with pipeline.proximal = 'trainer' gives it; set "
+                          f"pipeline.proximal=behaviour or pipeline.max_staleness=0")
 
 
 def value_at(key: str, cfg: Config) -> list[tuple[str, str, str]]:

@@ -7,6 +7,7 @@ import torch
 
 from postrl.algo.advantages import ADVANTAGES, group_advantages, reinforce_pp
 from postrl.algo.losses import LOSSES, cispo, gspo
+from postrl.cli import main
 
 
 def test_gspo_clips_whole_sequences_on_the_geometric_mean_ratio_and_spreads_the_gradient():
@@ -59,3 +60,19 @@ def test_reinforce_pp_sees_the_kl_penalty_in_the_reward():
 def test_new_objectives_are_registered():
     assert LOSSES.get("gspo") is gspo and LOSSES.get("cispo") is cispo
     assert ADVANTAGES.get("reinforce_pp") is reinforce_pp
+
+
+@pytest.mark.parametrize("override, other_key", [
+    ("rl.rollout_correction.mode=tis", "rl.rollout_correction.mode"),
+    ("pipeline.max_staleness=1", "pipeline.max_staleness"),
+])
+def test_gspo_with_a_setting_that_gives_it_a_token_weight_is_one_line_naming_both_keys(
+        override, other_key, tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("POSTRL_CACHE", str(cache))
+    code = main(["train", "recipes/default.yaml", "rl.loss=gspo", override, f"run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: config key 'rl.loss' = 'gspo'") and other_key in err, err
+    assert not (tmp_path / "run").exists() and list(cache.iterdir()) == []

@@ -13,7 +13,17 @@ import torch
 
 from postrl.registry import Registry
 
-LOSSES = Registry("policy loss", key="rl.loss")
+
+@dataclass(frozen=True)
+class LossFacts:
+    """What a policy loss registers beside its function."""
+
+    token_weight: bool = True
+    """Whether it can take a per-token importance weight (`is_weight`: decoupled PPO on stale rows,
+    a rollout correction); a sequence-level loss cannot, and the config check refuses the pair."""
+
+
+LOSSES = Registry("policy loss", key="rl.loss", facts=LossFacts)
 register_loss = LOSSES.register
 KL_ESTIMATORS = Registry("KL estimator", key="rl.kl_estimator")
 """Name -> per-token estimate of KL(policy || reference) from log r = ref_logp - logp, [B, T] -> [B, T]."""
@@ -156,7 +166,7 @@ def _clip_stats(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low:
                          ratio_mean=float((ratio * mask).sum() / n))
 
 
-@register_loss("gspo")
+@register_loss("gspo", token_weight=False)
 def gspo(
     logp: torch.Tensor,  # [B, T] current policy
     old_logp: torch.Tensor,  # [B, T] behaviour policy
