@@ -270,6 +270,7 @@ def test_dynamic_sampling_drops_zero_variance_groups_and_refills():
     assert len(fill.drawn) == 32 and sorted({s.group for s in fill.drawn}) == list(range(8))
     m = fill.metrics()
     assert m["dynamic/dropped_groups"] == 4 and m["dynamic/missing_groups"] == 0
+    assert m["train/dynamic_sampling_draws"] == m["dynamic/extra_draws"] == 1  # the name #45 asks for
 
 
 def test_dynamic_sampling_stops_at_its_cap():

@@ -7,6 +7,7 @@ import torch
 
 from postrl.algo.advantages import ADVANTAGES, group_advantages, reinforce_pp
 from postrl.algo.losses import LOSSES, cispo, gspo
+from postrl.algo.overlong import soft_overlong_penalty
 from postrl.cli import main
 
 
@@ -76,3 +77,11 @@ def test_gspo_with_a_setting_that_gives_it_a_token_weight_is_one_line_naming_bot
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("error: config key 'rl.loss' = 'gspo'") and other_key in err, err
     assert not (tmp_path / "run").exists() and list(cache.iterdir()) == []
+
+
+def test_soft_overlong_penalty_ramps_linearly_over_the_buffer():
+    # max_new_tokens 100, buffer 20: no penalty up to 80 tokens, then -(|y| - 80) / 20, -1 from 100 on
+    lengths = torch.tensor([10, 80, 81, 90, 100, 120])
+    assert soft_overlong_penalty(lengths, 100, 20).tolist() == pytest.approx([0.0, 0.0, -0.05, -0.5, -1.0, -1.0])
+    with pytest.raises(ValueError, match="overlong buffer"):
+        soft_overlong_penalty(lengths, 100, 0)

@@ -49,6 +49,7 @@ class FillResult:
         m = {
             "dynamic/dropped_groups": float(self.dropped_groups),
             "dynamic/extra_draws": float(self.extra_draws),
+            "train/dynamic_sampling_draws": float(self.extra_draws),  # the same count under the name #45 asks
             "dynamic/kept_groups": float(kept_groups),
             "dynamic/missing_groups": float(self.target_groups - kept_groups),
             "time/refill_s": self.seconds,
