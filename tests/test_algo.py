@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from postrl.algo.advantages import ADVANTAGES, grpo, rloo
-from postrl.algo.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSSES, aggregate, kl_estimate, ppo_clip
+from postrl.algo.losses import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    LOSSES,
+    Aggregation,
+    aggregate,
+    kl_estimate,
+    ppo_clip,
+)
 from postrl.algo.passk import pass_at_k
 from postrl.errors import ConfigError
 
@@ -35,7 +43,7 @@ def test_rloo_leave_one_out():
 def test_registries_know_their_names():
     assert ADVANTAGES.get("grpo") is grpo and LOSSES.get("ppo_clip") is ppo_clip
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
-    assert LOSS_AGGREGATIONS.names() == ["seq-mean-token-mean", "token-mean"]
+    assert LOSS_AGGREGATIONS.names() == ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"]
     with pytest.raises(ConfigError) as e:
         ADVANTAGES.get("nope")
     assert str(e.value) == "config key 'rl.advantage' = 'nope': unknown advantage estimator (expected one of: grpo, reinforce_pp, rloo)"
@@ -51,14 +59,15 @@ def test_an_aggregation_cannot_be_registered_without_its_micro_batch_rule():
 def test_each_aggregations_micro_batch_rule_splits_it_over_parts(name):
     """The rule registered with an aggregation: its parts' aggregates, weighted by `share`, add up
     to the whole minibatch's (what gradient accumulation relies on)."""
-    reduce, share = LOSS_AGGREGATIONS.get(name), LOSS_AGGREGATIONS.facts(name).share
+    reduce, share = Aggregation(name, budget=4), LOSS_AGGREGATIONS.facts(name).share  # budget: if it needs one
     values = torch.arange(12.0).view(3, 4)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])  # 3 + 1 + 4 tokens
     parts = [slice(0, 1), slice(1, 3)]
     total = sum(share(mask[p], mask) * reduce(values[p], mask[p]) for p in parts)
     assert float(total) == pytest.approx(float(reduce(values, mask)), rel=1e-6)
     assert sum(share(mask[p], mask) for p in parts) == pytest.approx(1.0)
-    assert float(aggregate(values, mask, name)) == float(reduce(values, mask))
+    assert float(aggregate(values, mask, reduce)) == float(LOSS_AGGREGATIONS.get(name)(values, mask, *(
+        [4] if LOSS_AGGREGATIONS.facts(name).needs_budget else [])))
 
 
 def _ppo_case():

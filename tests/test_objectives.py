@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from postrl.algo.advantages import ADVANTAGES, group_advantages, reinforce_pp
-from postrl.algo.losses import LOSSES, cispo, gspo
+from postrl.algo.losses import LOSSES, Aggregation, aggregate, cispo, gspo, ppo_clip
 from postrl.algo.overlong import soft_overlong_penalty
 from postrl.cli import main
 
@@ -85,3 +85,23 @@ def test_soft_overlong_penalty_ramps_linearly_over_the_buffer():
     assert soft_overlong_penalty(lengths, 100, 20).tolist() == pytest.approx([0.0, 0.0, -0.05, -0.5, -1.0, -1.0])
     with pytest.raises(ValueError, match="overlong buffer"):
         soft_overlong_penalty(lengths, 100, 0)
+
+
+def test_dr_grpo_divides_every_completions_token_sum_by_the_generation_budget():
+    # two completions of 3 and 1 tokens, budget 4: (1 + 2 + 3 + 10) / (2 * 4) = 2.0, whatever the lengths
+    values = torch.tensor([[1.0, 2.0, 3.0], [10.0, 7.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert float(aggregate(values, mask, Aggregation("seq-mean-token-sum-norm", budget=4))) == 2.0
+    # GRPO's seq-mean-token-mean would give (2 + 10) / 2 = 6: the short reply's token weighs 3x more
+    assert float(aggregate(values, mask, "seq-mean-token-mean")) == 6.0
+    # in a loss, a token's gradient is -A / (B * L) whatever its completion's length
+    logp = torch.zeros(2, 3, requires_grad=True)
+    loss, _ = ppo_clip(logp, torch.zeros(2, 3), torch.tensor([1.0, 1.0]), mask, 0.2, 0.28,
+                       Aggregation("seq-mean-token-sum-norm", budget=4))
+    loss.backward()
+    assert logp.grad.tolist() == [[-0.125, -0.125, -0.125], [-0.125, 0.0, 0.0]]
+
+
+def test_dr_grpo_without_a_budget_is_an_error_not_a_silent_length_normaliser():
+    with pytest.raises(ValueError, match="generation budget"):
+        aggregate(torch.ones(1, 2), torch.ones(1, 2), "seq-mean-token-sum-norm")

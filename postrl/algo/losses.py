@@ -38,6 +38,9 @@ class AggregationFacts:
     """(a part's mask [b, T], its minibatch's mask [B, T]) -> the weight of the part's aggregate in
     the minibatch's: gradient accumulation over micro-batches (and data-parallel ranks) sums the
     parts' losses times these weights, which gives the minibatch's loss."""
+    needs_budget: bool = False
+    """Whether it divides by the generation budget (a constant, not a count of the batch): its
+    reduction then takes `budget`, which `Aggregation` carries."""
 
 
 LOSS_AGGREGATIONS = Registry("loss aggregation", key="rl.loss_agg", facts=AggregationFacts)
@@ -45,9 +48,25 @@ LOSS_AGGREGATIONS = Registry("loss aggregation", key="rl.loss_agg", facts=Aggreg
 (`LOSS_AGGREGATIONS.facts(name).share`) hold its micro-batch weight rule."""
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """Reduce [B, T] to a scalar over masked tokens with the aggregation named `mode`."""
-    return LOSS_AGGREGATIONS.get(mode)(values, mask)
+@dataclass(frozen=True)
+class Aggregation:
+    """`rl.loss_agg` with what it may need beside the tensors: the learner builds one and passes it
+    to the loss; a bare name (str) stands for an aggregation that needs no budget."""
+
+    name: str
+    budget: int = 0
+    """The generation budget (tokens) a budget-normalised aggregation divides by; 0 = none given."""
+
+    def __call__(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        reduce = LOSS_AGGREGATIONS.get(self.name)
+        if LOSS_AGGREGATIONS.facts(self.name).needs_budget:
+            return reduce(values, mask, self.budget)
+        return reduce(values, mask)
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str | Aggregation) -> torch.Tensor:
+    """Reduce [B, T] to a scalar over masked tokens with the aggregation `agg` (a name or an `Aggregation`)."""
+    return (Aggregation(agg) if isinstance(agg, str) else agg)(values, mask)
 
 
 def token_share(part_mask: torch.Tensor, mask: torch.Tensor) -> float:
@@ -75,6 +94,22 @@ def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return per_seq.mean()
 
 
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm", share=sequence_share, needs_budget=True)
+def seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, budget: int) -> torch.Tensor:
+    """Dr. GRPO's constant normaliser (Liu et al. 2025, "Understanding R1-Zero-Like Training",
+    section 3.1; verl's name): each completion's token sum over the generation budget L, averaged
+    over the B completions, i.e. sum(values * mask) / (B * L).
+
+    Dividing by each completion's own length (GRPO) makes a wrong long reply's per-token penalty
+    smaller than a wrong short one's, so the policy learns that long wrong answers are cheap: the
+    length bias Dr. GRPO removes. L is a constant (`rl.loss_agg_budget`, by default
+    train.max_new_tokens), so every token of every reply weighs the same in every step.
+    """
+    if budget < 1:
+        raise ValueError(f"seq-mean-token-sum-norm divides by the generation budget, got {budget}")
+    return (values * mask).sum() / (mask.shape[0] * budget)
+
+
 @dataclass
 class LossStats:
     clip_frac: float
@@ -90,7 +125,7 @@ def ppo_clip(
     mask: torch.Tensor,  # [B, T]
     clip_low: float,
     clip_high: float,
-    agg: str,
+    agg: str | Aggregation,
     is_weight: torch.Tensor | None = None,  # [B, T] off-policy correction, no gradient; None = 1
 ) -> tuple[torch.Tensor, LossStats]:
     """PPO-clip surrogate with separate ranges: ratio in [1 - clip_low, 1 + clip_high] (clip-higher).
@@ -174,7 +209,7 @@ def gspo(
     mask: torch.Tensor,  # [B, T]
     clip_low: float,
     clip_high: float,
-    agg: str,
+    agg: str | Aggregation,
     is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): one importance ratio a completion.
@@ -207,7 +242,7 @@ def cispo(
     mask: torch.Tensor,  # [B, T]
     clip_low: float,
     clip_high: float,
-    agg: str,
+    agg: str | Aggregation,
     is_weight: torch.Tensor | None = None,  # [B, T] off-policy correction, no gradient; None = 1
 ) -> tuple[torch.Tensor, LossStats]:
     """CISPO (MiniMax-M1, 2025): clip the importance weight, not the update.
