@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 import torch
-from gain_common import paired_se  # benchmarks/, on the path when this script runs
+from _gain import paired_se  # benchmarks/, on the path when this script runs
 
 from postrl import loop as train_module
 from postrl import run as run_module

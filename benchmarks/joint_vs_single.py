@@ -14,7 +14,7 @@ sampling off): the base model; each domain trained alone; all three jointly with
 (`curriculum.schedule: fixed`); all three jointly with the learnability curriculum. The joint runs
 evaluate every few steps with the seesaw alerts on. Every arm is measured on the same held-out
 problems (200 a domain; one sample at T=0.7 with the same seeds, and greedy), and each change is
-reported with its paired standard error against the base model (benchmarks/gain_common.py).
+reported with its paired standard error against the base model (benchmarks/_gain.py).
 `--seeds N` runs the joint curriculum again under N-1 more seeds and reports each run's gains and
 their mean: at 10 steps two runs of one recipe differ as much as the schedules could.
 
@@ -50,7 +50,7 @@ import sys
 import time
 from pathlib import Path
 
-from gain_common import measure, paired_se, scores  # benchmarks/, on the path when this script runs
+from _gain import measure, paired_se, scores  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
 from postrl.config import generation_limits, load_config

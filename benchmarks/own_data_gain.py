@@ -11,7 +11,7 @@ and an eval-only control domain (`eval.domains`) that is never trained on.
 2. trains with postrl's own loop (`postrl.loop.train`) as the recipe says;
 3. the trained policy from the run's `final/` directory, measured again on the same problems with
    the same sampling seeds;
-4. the table with +/- 2 paired standard errors (benchmarks/gain_common.py), then
+4. the table with +/- 2 paired standard errors (benchmarks/_gain.py), then
    `RESULT pass@1_gain=<points> target=0.05`.
 
 Targets (issue 15): +5 points or more on the trained set, and more than 2 SE above base; no drop
@@ -24,7 +24,7 @@ import dataclasses
 import sys
 import time
 
-from gain_common import measure, report  # benchmarks/, on the path when this script runs
+from _gain import measure, report  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
 from postrl.config import load_config

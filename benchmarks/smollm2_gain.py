@@ -11,7 +11,7 @@
    problems with the same sampling seeds;
 4. prints the table and `RESULT pass@1_gain=<points> target=0.10`.
 
-Noise: paired standard errors, see benchmarks/gain_common.py. Not a test: it takes about an hour
+Noise: paired standard errors, see benchmarks/_gain.py. Not a test: it takes about an hour
 on 2 cores.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import time
 
-from gain_common import measure, report  # benchmarks/, on the path when this script runs
+from _gain import measure, report  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
 from postrl.config import load_config

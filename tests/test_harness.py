@@ -123,3 +123,16 @@ def test_write_plot_writes_an_svg_with_its_title_and_one_curve_per_series(tmp_pa
     texts = [e.text for e in root.iter() if e.text]
     assert root.tag.endswith("svg") and "held-out pass@1" in texts and {"arith", "code"} <= set(texts)
     assert len([e for e in root.iter() if e.get("class") == "series"]) == 2
+
+
+def test_the_benchmarks_contract_names_every_benchmark_and_only_the_shared_modules_start_with_an_underscore():
+    """pyproject.toml's import-linter contract forbids each benchmark by its name: a benchmark added
+    without its name there could be imported by another unseen."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c.get("source_modules") == ["benchmarks"]]
+    files = {p.stem for p in (ROOT / "benchmarks").glob("*.py")} - {"__init__"}
+    shared = {name for name in files if name.startswith("_")}
+    assert shared == {"_harness", "_gain"}
+    assert sorted(contract["forbidden_modules"]) == sorted(files - shared)
