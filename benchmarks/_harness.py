@@ -43,14 +43,16 @@ DATE_FORMAT = "%Y-%m-%d %H:%M UTC"
 
 
 def parser(doc: str, *, out: str | None = None, out_help: str = "", quick: str = "",
-           seed: int | None = None) -> argparse.ArgumentParser:
+           seed: int | None = None, record: bool = True) -> argparse.ArgumentParser:
     """The benchmark's argument parser: `--help` prints its docstring (`doc`) as written, and
-    `--record FILE` keeps its results. The flags benchmarks share, each only when asked for:
-    `--out DIR` (its default `out`; "" conventionally a temporary directory), `--quick` (`quick`:
-    what it shrinks, its help text) and `--seed N` (its default `seed`)."""
+    `--record FILE` keeps its results (`record`: it prints `RESULT` lines, through `Bench`). The
+    flags benchmarks share, each only when asked for: `--out DIR` (its default `out`; ""
+    conventionally a temporary directory), `--quick` (`quick`: what it shrinks, its help text) and
+    `--seed N` (its default `seed`)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--record", default="", metavar="FILE",
-                    help="keep this run's RESULT values, arguments, commit and date in FILE (JSON)")
+    if record:
+        ap.add_argument("--record", default="", metavar="FILE",
+                        help="keep this run's RESULT values, arguments, commit and date in FILE (JSON)")
     if out is not None:
         ap.add_argument("--out", default=out, help=out_help or f"where the outputs go (default: {out or 'a temporary directory'})")
     if quick:

@@ -32,7 +32,6 @@ The machine is shared, so only ratios measured in one invocation mean much; stat
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -41,6 +40,7 @@ from pathlib import Path
 
 import torch
 from _gain import paired_se  # benchmarks/, on the path when this script runs
+from _harness import Bench, parser
 
 from postrl import loop as train_module
 from postrl import run as run_module
@@ -199,7 +199,7 @@ def report(name: str, results: dict, a) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--model", default="tiny-arith")
     ap.add_argument("--recipe", default="recipes/default.yaml")
     ap.add_argument("--budget-s", type=float, default=30.0, help="wall-clock training budget per arm and round")
@@ -209,6 +209,7 @@ def main() -> None:
     ap.add_argument("--eval-samples", type=int, default=8)
     ap.add_argument("overrides", nargs="*", help="dotted recipe overrides for every arm")
     a = ap.parse_args()
+    bench = Bench(__file__, a)
     speedups = {}
     with tempfile.TemporaryDirectory() as work:
         for name in a.workloads.split(","):
@@ -219,7 +220,7 @@ def main() -> None:
               + ", ".join(f"{arm} {v:.2f}x" for arm, v in by_arm.items()))
     name, arm = max(((n, arm) for n, by_arm in speedups.items() for arm in by_arm), key=lambda k: speedups[k[0]][k[1]])
     print(f"best: {arm} on workload {name}")
-    print(f"RESULT process_async_speedup={speedups[name][arm]:.2f} target=1.5")
+    bench.result("process_async_speedup", f"{speedups[name][arm]:.2f}", target=1.5)
 
 if __name__ == "__main__":
     main()

@@ -31,12 +31,12 @@ an upper bound, and says so).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from _harness import Bench, parser, timed  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
 from postrl.config import load_config
@@ -133,9 +133,9 @@ def run_arm(name: str, seed: int, args, out_dir: Path) -> dict:
                  f"run.dir={out_dir / f'seed{seed}' / name}", "run.progress=false", "checkpoint.every_steps=0",
                  *ARMS[name]]
     cfg = load_config(RECIPE, args.override + overrides)
-    t0 = time.perf_counter()
-    run_dir = train(cfg, log=lambda *a: None)
-    wall = time.perf_counter() - t0
+    with timed() as t:
+        run_dir = train(cfg, log=lambda *a: None)
+    wall = t.seconds
     rows = metrics(run_dir)
     return {"dir": run_dir, "wall_s": wall, "curve": curve(run_dir), "secs": train_seconds(rows), "rows": rows,
             "final": score(cfg, str(run_dir / "final"), args.final_problems, args.final_samples)}
@@ -226,7 +226,7 @@ def run_seed(seed: int, args) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, out="runs/bench-curriculum", out_help="the arms' run directories go under OUT/seedN/ (default: runs/bench-curriculum)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--arms", nargs="+", default=["curriculum", "uniform"], choices=list(ARMS),
                    help="curriculum and uniform always; the ablations on request")
@@ -236,15 +236,16 @@ def main() -> None:
     p.add_argument("--final-problems", type=int, default=240, help="held-out problems per domain, base and final")
     p.add_argument("--final-samples", type=int, default=16, help="samples per problem, base and final")
     p.add_argument("--target-gain", type=float, default=0.20, help="target = base mean pass@1 + this")
-    p.add_argument("--out", default="runs/bench-curriculum")
     p.add_argument("override", nargs="*", help="dotted overrides applied to both arms")
     args = p.parse_args()
+    bench = Bench(__file__, args)
     args.arms = ["curriculum", "uniform", *(a for a in args.arms if a not in ("curriculum", "uniform"))]
     results = {seed: run_seed(seed, args) for seed in args.seeds}
     worst = max(r["ratio"] for r in results.values())
     below = sorted({f"{d}(seed {s})" for s, r in results.items() for d in r["below"]})
     per_seed = " ".join(f"{s}:{r['ratio']:.2f}" for s, r in results.items())
-    print(f"\nRESULT steps_ratio={worst:.3f} target=0.7 below_base={','.join(below) or 'none'} (per seed: {per_seed})")
+    print()
+    bench.result("steps_ratio", f"{worst:.3f}", f"(per seed: {per_seed})", target=0.7, below_base=",".join(below) or "none")
 
 
 if __name__ == "__main__":

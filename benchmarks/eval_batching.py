@@ -19,12 +19,11 @@ pass@1 agrees only up to sampling noise. Prints each arm's seconds and the ratio
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
 import statistics
 import sys
-import time
+
+from _harness import Bench, load_avg, parser, timed  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
 from postrl.config import generation_limits, load_config
@@ -36,11 +35,12 @@ TARGET = 1.5
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--recipe", default="recipes/smollm2-joint.yaml")
     ap.add_argument("--problems", type=int, default=0, help="held-out problems a domain (default: the recipe's eval)")
     ap.add_argument("--repeats", type=int, default=2, help="rounds of both arms, alternating")
     args = ap.parse_args(argv)
+    bench = Bench(__file__, args)
     cfg = load_config(args.recipe, [])
     domains = build_domains(cfg) | build_domains(dataclasses.replace(cfg, domains=cfg.eval.domains))
     limits = {name: generation_limits(cfg, name) for name in domains}
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
               temperature=e.temperature, max_new_tokens=cfg.train.max_new_tokens, seed=cfg.seed)
     policy = Policy(*load_model(cfg.model.name, cfg.model.dtype, log=lambda *_: None))
     print(f"{args.recipe}: {', '.join(domains)}; {kw['num_problems']} problems a domain, "
-          f"{kw['samples_per_problem']} sample(s) + greedy each; load {os.getloadavg()[0]:.2f}", flush=True)
+          f"{kw['samples_per_problem']} sample(s) + greedy each; load {load_avg():.2f}", flush=True)
 
     def per_domain() -> dict:
         return {name: evaluate_domain(policy, d, **(kw | dict(zip(("max_new_tokens", "stop"), limits[name]))))
@@ -62,9 +62,9 @@ def main(argv: list[str]) -> int:
     results = {}
     for _ in range(args.repeats):
         for name, arm in (("per domain", per_domain), ("one batch", together)):
-            t0 = time.perf_counter()
-            results[name] = arm()
-            times[name].append(time.perf_counter() - t0)
+            with timed() as t:
+                results[name] = arm()
+            times[name].append(t.seconds)
             print(f"  {name}: {times[name][-1]:.1f} s", flush=True)
     try:
         for name in domains:
@@ -76,8 +76,8 @@ def main(argv: list[str]) -> int:
         for d in domains.values():
             getattr(d, "close", lambda: None)()
     slow, fast = statistics.median(times["per domain"]), statistics.median(times["one batch"])
-    print(f"median of {args.repeats}: per domain {slow:.1f} s, one batch {fast:.1f} s; load {os.getloadavg()[0]:.2f}")
-    print(f"RESULT eval_speedup={slow / fast:.2f} target={TARGET}")
+    print(f"median of {args.repeats}: per domain {slow:.1f} s, one batch {fast:.1f} s; load {load_avg():.2f}")
+    bench.result("eval_speedup", f"{slow / fast:.2f}", target=TARGET)
     return 0
 
 

@@ -38,26 +38,23 @@ Targets (issue 31): in the joint curriculum arm every trained domain above its b
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from _gain import measure, paired_se, scores  # benchmarks/, on the path when this script runs
+from _harness import Bench, Timed, commit, load_avg, parser, write_plot, write_record
 
 from postrl.builtin_models import load_model
 from postrl.config import generation_limits, load_config
-from postrl.files import write_atomic
 from postrl.loop import train
 from postrl.monitor.alerts import Alert, read_alerts
-from postrl.monitor.report import read_evals, series_svg
+from postrl.monitor.report import alert_lines, read_evals
 from postrl.monitor.sinks import read_metrics
 from postrl.sampling.policy import Policy
 from postrl.store.query import query
@@ -101,10 +98,6 @@ def fingerprint(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def load_avg() -> float:
-    return os.getloadavg()[0]
-
-
 class Arms:
     """Runs and measures the arms, keeping each one's result on disk (OUT/<arm>.json)."""
 
@@ -114,7 +107,7 @@ class Arms:
         """`extra`: recipe overrides for every trained arm (`--set`), part of each trained arm's key."""
         self.runs = runs or out / "runs"
         """Where the trained arms' run directories go (weights, rollouts: never in the repository)."""
-        self.commit = commit()
+        self.commit = commit(Path(__file__).resolve().parent)
         """The code the arms run with: the checkout when this process started."""
         self.bench = load_config(recipe, [f"eval.num_problems={size['problems']}", *self.token_cap(recipe)])
         self.trained = list(self.bench.domains)
@@ -140,7 +133,7 @@ class Arms:
             if kept.get("key") == key:
                 print(f"{arm}: kept from {path} ({kept['seconds'] / 60:.1f} min when it ran)", flush=True)
                 return kept
-        t0, loads = time.perf_counter(), [load_avg()]
+        clock, loads = Timed(), [load_avg()]
         run_dir, model, train_s = None, self.bench.model.name, 0.0
         if overrides is not None:
             run_dir = self.runs / arm
@@ -155,22 +148,21 @@ class Arms:
                 print(f"{arm}: training {', '.join(cfg.domains)} for {cfg.train.total_steps} steps "
                       f"({cfg.curriculum.schedule} schedule) -> {run_dir}", flush=True)
                 train(cfg, log=lambda *_: None)
-                train_s = time.perf_counter() - t0
+                train_s = clock.seconds
                 loads.append(load_avg())
-                write_atomic(self.out / f"{arm}.trained.json", json.dumps({"key": key, "train_seconds": train_s, "load": loads}))
+                write_record(self.out / f"{arm}.trained.json", {"key": key, "train_seconds": train_s, "load": loads},
+                             self.commit)
             model = str(run_dir / "final")
-        t1 = time.perf_counter()
+        measuring = Timed()
         print(f"{arm}: measuring {model}", flush=True)
         policy = Policy(*load_model(model, self.bench.model.dtype, log=lambda *_: None))
         results = measure(policy, self.suites, self.bench, self.tokens)
         loads.append(load_avg())
-        kept = {"key": key, "arm": arm, "results": results, "seconds": train_s + time.perf_counter() - t1,
+        kept = {"key": key, "arm": arm, "results": results, "seconds": train_s + measuring.seconds,
                 "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,
                 "completions": completions(run_dir) if run_dir else {},
-                "run": run_record(run_dir, self.trained) if run_dir else None,
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": self.commit}
-        write_atomic(path, json.dumps(kept))
-        return kept
+                "run": run_record(run_dir, self.trained) if run_dir else None}
+        return write_record(path, kept, self.commit)
 
     def trained_run(self, arm: str, key: str, run_dir: Path) -> dict | None:
         """The record of this arm's finished training, when it was made with these settings and its
@@ -204,17 +196,6 @@ class Arms:
                 f"train.samples_per_prompt={s['samples']}", f"eval.every_steps={s['eval_every']}",
                 f"eval.num_problems={s['eval_problems']}", "curriculum.dynamic_sampling=false",
                 "run.progress=false", "checkpoint.every_steps=0", "run.overwrite=true"]
-
-
-def commit() -> str:
-    """The commit this checkout is at ('' outside a git checkout), with '+' when files differ from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return head.stdout.strip() + ("+" if dirty else "")
 
 
 def run_record(run_dir: Path, trained: list[str]) -> dict:
@@ -335,16 +316,15 @@ def plot(run: dict, path: Path) -> None:
     alerts = [Alert(a["step"], "seesaw", a["message"]) for a in run["seesaw_alerts"]]
     for series, title, ylabel, suffix in [(run["evals"], "Joint curriculum run: held-out pass@1 (in-run eval)", "pass@1", "eval"),
                                           (run["weights"], "Joint curriculum run: domain weights", "sampling weight", "weights")]:
-        svg = series_svg(title, ylabel, {k: [tuple(p) for p in v] for k, v in series.items() if v}, alerts)
-        path.with_name(f"{path.stem}-{suffix}.svg").write_text(svg)
+        write_plot(path.with_name(f"{path.stem}-{suffix}.svg"), title, ylabel,
+                   {k: [tuple(p) for p in v] for k, v in series.items() if v}, alert_lines(alerts))
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="8 problems a domain, one step an arm: the shape, in minutes")
+    ap = parser(__doc__, quick="8 problems a domain, one step an arm: the shape, in minutes", out="",
+                out_help="where the arms' results are kept (default: benchmarks/results/joint_vs_single, in the "
+                "repository; --quick: runs/joint_vs_single_quick)")
     ap.add_argument("--recipe", default=RECIPE)
-    ap.add_argument("--out", default="", help="where the arms' results are kept (default: benchmarks/results/"
-                    "joint_vs_single, in the repository; --quick: runs/joint_vs_single_quick)")
     ap.add_argument("--runs", default="", help="where the arms' run directories go (default: runs/joint_vs_single[_quick])")
     ap.add_argument("--fresh", action="store_true", help="forget the arms kept in --out and run them all")
     ap.add_argument("--plot", default="", help="write the joint curriculum run's curves to PATH-eval.svg and PATH-weights.svg")
@@ -355,6 +335,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="run the joint curriculum under N seeds (the recipe's, then "
                     "the next ones; default 1): the report adds each run's gains and their mean")
     args = ap.parse_args(argv)
+    report = Bench(__file__, args)
     if args.seeds < 1:
         ap.error(f"--seeds: at least 1 run (got {args.seeds})")
     size = QUICK if args.quick else FULL
@@ -419,11 +400,11 @@ def main(argv: list[str]) -> int:
           f"load average {min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}) on "
           f"{os.cpu_count()} CPUs")
     if not gains:
-        print("RESULT joint_min_gain_se=nan target=2 (the joint_curriculum arm was not run)")
+        report.result("joint_min_gain_se", "nan", "(the joint_curriculum arm was not run)", target=2)
         return 0
     min_gain, worst_drop = headline(gains, trained)
-    print(f"RESULT joint_min_gain_se={min_gain:.2f} target={TARGET_GAIN_SE:.0f}")
-    print(f"RESULT joint_worst_drop_se={worst_drop:.2f} target<={TARGET_DROP_SE:.0f}")
+    report.result("joint_min_gain_se", f"{min_gain:.2f}", target=f"{TARGET_GAIN_SE:.0f}")
+    report.result("joint_worst_drop_se", f"{worst_drop:.2f}", target=f"<={TARGET_DROP_SE:.0f}")
     return 0
 
 

@@ -24,12 +24,12 @@ all-reduce; its use is more machines or more GPUs, where one process cannot use 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from _harness import Bench, parser, timed  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import resolve_model_path
 from postrl.config import load_config
@@ -49,13 +49,13 @@ the two runs sample the same completions."""
 def run_arm(cfg) -> dict:
     update_s, original = [], update_module.Learner.update
 
-    def timed(self, *a, **k):
-        t0 = time.perf_counter()
-        out = original(self, *a, **k)
-        update_s.append(time.perf_counter() - t0)
+    def timed_update(self, *a, **k):
+        with timed() as t:
+            out = original(self, *a, **k)
+        update_s.append(t.seconds)
         return out
 
-    update_module.Learner.update = timed
+    update_module.Learner.update = timed_update
     try:
         run_dir = train(cfg, log=lambda *a: None)
     finally:
@@ -78,12 +78,13 @@ def curve_diff(a: dict, b: dict) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--model", default="tiny-arith")
     ap.add_argument("--recipe", default="recipes/default.yaml")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("overrides", nargs="*", help="dotted recipe overrides for every arm")
     a = ap.parse_args()
+    bench = Bench(__file__, a)
     path = resolve_model_path(a.model)
     results = {}
     with tempfile.TemporaryDirectory() as work:
@@ -107,7 +108,7 @@ def main() -> None:
     print(f"loss curve, 2 ranks vs 1 rank/1t: max |diff| loss {diff['loss']:.2e}, kl/mean {diff['kl/mean']:.2e}, "
           f"reward/mean {diff['reward/mean']:.2e} (tolerance {TOLERANCE:g}; first step over it: "
           f"{diff['first_step_over'] if diff['first_step_over'] is not None else 'none'})")
-    print(f"RESULT dp_update_speedup={results['2 ranks']['completions_per_s'] / base:.2f} target=1.0")
+    bench.result("dp_update_speedup", f"{results['2 ranks']['completions_per_s'] / base:.2f}", target="1.0")
 
 
 if __name__ == "__main__":

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _harness import Bench, load_avg, parser, timed  # benchmarks/, on the path when this script runs
 
 import postrl
 from postrl.model.fastlm import FastLM
@@ -61,31 +61,31 @@ def train_arm(name: str, recipe: str, steps: int, out: Path) -> None:
 
 def run_arm(name: str, recipe: str, steps: int, out: Path) -> tuple[list[dict], float]:
     """One arm in a process of its own: its per-step metrics and wall seconds."""
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, __file__, "--recipe", recipe, "--steps", str(steps), "--out", str(out),
-                    "--arm", name], check=True)
-    wall = time.perf_counter() - t0
+    with timed() as t:
+        subprocess.run([sys.executable, __file__, "--recipe", recipe, "--steps", str(steps), "--out", str(out),
+                        "--arm", name], check=True)
+    wall = t.seconds
     rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [r for r in rows if "time/update_s" in r], wall
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__, out="", out_help="where the two runs go (default: a temporary directory)")
     ap.add_argument("--recipe", default="recipes/smollm2-joint.yaml")
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--out", default="", help="where the two runs go (default: a temporary directory)")
     ap.add_argument("--arm", choices=("hf", "fused"), help=argparse.SUPPRESS)  # the child process of one arm
     args = ap.parse_args(argv)
+    bench = Bench(__file__, args)
     out = Path(args.out or tempfile.mkdtemp(prefix="lora_fused-"))
     if args.arm:
         train_arm(args.arm, args.recipe, args.steps, out)
         return 0
-    print(f"{args.recipe}, {args.steps} steps an arm, runs in {out}; load {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"{args.recipe}, {args.steps} steps an arm, runs in {out}; load {load_avg():.2f}", flush=True)
     arms = {}
     for name in ("hf", "fused"):
         arms[name] = run_arm(name, args.recipe, args.steps, out)
         rows, wall = arms[name]
-        print(f"  {name}: {wall:.0f} s wall; load {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"  {name}: {wall:.0f} s wall; load {load_avg():.2f}", flush=True)
     print("\n| arm | step | sampling s | update s | tokens/s | loss | reward | peak MiB |")
     print("|---|---|---|---|---|---|---|---|")
     for name, (rows, _) in arms.items():
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
     print(f"mean over steps: sampling {mean(hf, 'time/sample_s'):.1f} s -> {mean(fused, 'time/sample_s'):.1f} s "
           f"({sample:.2f}x), update {mean(hf, 'time/update_s'):.1f} s -> {mean(fused, 'time/update_s'):.1f} s "
           f"({update:.2f}x); peak {mean(hf, 'learner/peak_mib'):.0f} -> {mean(fused, 'learner/peak_mib'):.0f} MiB")
-    print(f"RESULT lora_update_speedup={update:.2f} target={TARGET}")
+    bench.result("lora_update_speedup", f"{update:.2f}", target=TARGET)
     return 0 if same else 1
 
 

@@ -101,6 +101,7 @@ def test_the_shared_flags_come_only_when_asked_for_and_help_prints_the_docstring
     assert vars(full.parse_args([])) == {"record": "", "out": "runs/bench-x", "quick": False, "seed": 3}
     assert vars(full.parse_args(["--quick", "--seed", "7", "--out", "d"])) == {
         "record": "", "out": "d", "quick": True, "seed": 7}
+    assert vars(harness.parser("doc", record=False).parse_args([])) == {}  # a benchmark without RESULT lines
     with pytest.raises(SystemExit):
         plain.parse_args(["--help"])
     assert "First line.\n\n    usage block" in capsys.readouterr().out  # as written, not reflowed
