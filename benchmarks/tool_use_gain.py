@@ -21,14 +21,13 @@ cores; the control's pass@1 within 2 paired standard errors of its base.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from _harness import Bench, parser, timed  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
 from postrl.config import load_config
@@ -84,9 +83,9 @@ def arm(name: str, tools: bool, args, out_dir: Path) -> tuple[dict, dict, float]
     model, tok = load_model("tiny-calc")
     before = measure(Policy(model, tok), domain, tasks, args.samples)
     print(f"{name}: base pass@1 {pass1(before):.3f}, tool-call rate {before['tool_call_rate']:.3f}", flush=True)
-    t0 = time.perf_counter()
-    run_dir = train(cfg, log=lambda *a: None)
-    seconds = time.perf_counter() - t0
+    with timed() as t:
+        run_dir = train(cfg, log=lambda *a: None)
+    seconds = t.seconds
     model, tok = load_model(str(run_dir / "final"))
     after = measure(Policy(model, tok), domain, tasks, args.samples)
     print(f"{name}: after {args.steps} RL steps ({seconds / 60:.1f} min) pass@1 {pass1(after):.3f}, "
@@ -95,12 +94,12 @@ def arm(name: str, tools: bool, args, out_dir: Path) -> tuple[dict, dict, float]
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__, out="", out_help="run directories under this (default: a temp dir)")
     p.add_argument("--steps", type=int, default=30, help="RL steps per arm")
     p.add_argument("--problems", type=int, default=200, help="held-out problems")
     p.add_argument("--samples", type=int, default=4, help="samples per problem (pass@1 is their mean)")
-    p.add_argument("--out", default="", help="run directories under this (default: a temp dir)")
     args = p.parse_args(argv)
+    bench = Bench(__file__, args)
     torch.set_num_threads(2)
     load_model("tiny-calc")  # pretrained and cached on first use: not counted
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="tool_use_gain-"))
@@ -118,7 +117,7 @@ def main(argv: list[str]) -> int:
     print(f"control: pass@1 change {c_change:+.3f}, "
           f"{'within' if abs(c_change) <= 2 * c_se else 'OUTSIDE'} 2 SE ({2 * c_se:.3f})")
     print(f"tools: RL {seconds / 60:.1f} min (target <= {TARGET_MINUTES})")
-    print(f"RESULT pass@1_gain={pass1(after) - pass1(before):.3f} target={TARGET_GAIN:.2f}")
+    bench.result("pass@1_gain", f"{pass1(after) - pass1(before):.3f}", target=f"{TARGET_GAIN:.2f}")
     return 0
 
 

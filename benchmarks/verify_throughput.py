@@ -28,13 +28,14 @@ busy with other jobs, the ratio says more about the neighbours than about the ve
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import random
 import subprocess
 import sys
 import time
+
+from _harness import Bench, load_avg, parser  # benchmarks/, on the path when this script runs
 
 from postrl.rewards.math import MathVerifier, _parse_gold
 
@@ -150,20 +151,21 @@ def pathological(verifier: MathVerifier, deadline_s: float) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--groups", type=int, default=125)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--workers", type=int, default=0, help="0 = CPU count")
     ap.add_argument("--timeout-s", type=float, default=5.0)
     ap.add_argument("--chunk", type=int, default=100, help="pairs per alternation between the two sides")
     args = ap.parse_args()
+    bench = Bench(__file__, args)
     logging.disable(logging.WARNING)  # math-verify logs every timeout
     pairs = make_pairs(args.groups, args.group_size)
     assert all(_parse_gold(g) for g, _, _ in GOLDS)
     workers = args.workers or os.cpu_count() or 1
     cores = effective_cores(workers)
     print(f"{len(pairs)} pairs ({len(set(pairs))} distinct), {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}; {workers} processes get {cores:.2f}x one process's CPU right now")
+          f"{load_avg():.1f}; {workers} processes get {cores:.2f}x one process's CPU right now")
 
     with MathVerifier(workers=workers, timeout_s=args.timeout_s, cache_size=0) as v, \
             MathVerifier(workers=workers, timeout_s=args.timeout_s, cache_size=0, parse_cache=0) as v20:
@@ -184,8 +186,8 @@ def main() -> None:
     print(f"parallel efficiency {ratio / cores:.2f} (ratio / the {cores:.2f}x the machine gave {workers} processes)")
     print(f"correct {sum(x is True for x in verdicts)}/{len(pairs)}, unverified "
           f"{sum(s.status != 'ok' for s in ours)}, verdicts identical to plain math-verify")
-    print(f"RESULT pathological_hangs={hangs} target=0")
-    print(f"RESULT verify_speedup={ratio:.2f} target=1.5")
+    bench.result("pathological_hangs", hangs, target=0)
+    bench.result("verify_speedup", f"{ratio:.2f}", target=1.5)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _harness import Bench, load_avg, parser, timed  # benchmarks/, on the path when this script runs
 
 ARMS = {
     "postrl-full": ["rollout.backend=postrl", "model.lora.r=0", "train.lr=1e-5"],
@@ -45,9 +46,9 @@ def run_arm(name: str, work: Path, args: argparse.Namespace) -> dict:
                  f"train.samples_per_prompt={args.samples}", "run.progress=false", "eval.every_steps=0",
                  "eval.at_start=false", "monitor.spot_check_every_steps=0", "checkpoint.every_steps=0",
                  f"run.threads={args.threads}", *ARMS[name]]
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "postrl", "train", "smollm2-arith", *overrides],
-                          capture_output=True, text=True)
+    with timed() as t:
+        done = subprocess.run([sys.executable, "-m", "postrl", "train", "smollm2-arith", *overrides],
+                              capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -59,7 +60,7 @@ def run_arm(name: str, work: Path, args: argparse.Namespace) -> dict:
         return sum(values) / len(values) if values else float("nan")
 
     return {
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": t.seconds,
         "tokens_per_s": tokens / sum(m["time/sample_s"] for m in later),
         "sync_ms": 1000 * sum(m["time/sync_s"] for m in later) / len(later),
         "logp_abs_diff_mean": mean("mismatch/logp_abs_diff_mean"),
@@ -72,14 +73,15 @@ def run_arm(name: str, work: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ", ".join(ARMS))
     args = p.parse_args()
-    load = os.getloadavg()[0]
+    bench = Bench(__file__, args)
+    load = load_avg()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="postrl-vllm-bench-") as work:
         for name in args.arms.split(","):
@@ -98,7 +100,7 @@ def main() -> None:
             ratio = rows[f"vllm-{kind}"]["tokens_per_s"] / rows[f"postrl-{kind}"]["tokens_per_s"]
             print(f"{kind}: vLLM samples at {ratio:.2f}x postrl's tokens/s here")
     headline = rows.get("vllm-full", next(iter(rows.values())))["logp_abs_diff_mean"]
-    print(f"RESULT vllm_logp_abs_diff_mean={headline:.2e} target<=1e-3")
+    bench.result("vllm_logp_abs_diff_mean", f"{headline:.2e}", target="<=1e-3")
 
 
 if __name__ == "__main__":

@@ -17,12 +17,12 @@ Needs `pip install trl` (not a postrl dependency).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 
 import torch
+from _harness import Bench, parser  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model, resolve_model_path
 from postrl.config import load_config
@@ -127,7 +127,7 @@ def throughput(times: list[float], tokens: int, completions_per_step: int) -> di
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--model", default="tiny-arith", help="built-in name or HF model directory")
     ap.add_argument("--recipe", default="recipes/default.yaml")
     ap.add_argument("--budget-s", type=float, default=120.0, help="wall-clock training budget per arm")
@@ -136,6 +136,7 @@ def main() -> None:
     ap.add_argument("--eval-samples", type=int, default=8)
     ap.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. train.max_new_tokens=8")
     a = ap.parse_args()
+    bench = Bench(__file__, a)
     torch.set_num_threads(a.threads)
     path = resolve_model_path(a.model)  # one directory, loaded by both arms
     cfg = load_config(a.recipe, [f"model.name={path}", *a.overrides])
@@ -157,10 +158,10 @@ def main() -> None:
             results[name] = {**throughput(times, tokens, t.prompts_per_step * t.samples_per_prompt),
                              **{f"eval_{k}": v for k, v in evaluate(policy, cfg, a.eval_problems, a.eval_samples).items()
                                 if k in ("greedy", "pass@1")}}
-    report(results, base, a)
+    report(results, base, a, bench)
 
 
-def report(results: dict, base: dict, a) -> None:
+def report(results: dict, base: dict, a, bench: Bench) -> None:
     import trl
 
     print(f"trl {trl.__version__}, torch {torch.__version__}; held-out: {a.eval_problems} problems x "
@@ -175,7 +176,7 @@ def report(results: dict, base: dict, a) -> None:
     print(f"ratio postrl/trl: sec/step {q['sec_per_step'] / p['sec_per_step']:.2f}x faster, "
           f"completions/s {ratio:.2f}x, tokens/s {p['tokens_per_s'] / q['tokens_per_s']:.2f}x; "
           f"pass@1 after {a.budget_s:.0f}s: postrl {p['eval_pass@1']:.3f} vs trl {q['eval_pass@1']:.3f}")
-    print(f"RESULT completions_per_s_ratio={ratio:.2f} target=3")
+    bench.result("completions_per_s_ratio", f"{ratio:.2f}", target=3)
 
 
 if __name__ == "__main__":
