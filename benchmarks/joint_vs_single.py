@@ -335,7 +335,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="run the joint curriculum under N seeds (the recipe's, then "
                     "the next ones; default 1): the report adds each run's gains and their mean")
     args = ap.parse_args(argv)
-    report = Bench(__file__, args)
+    benchmark = Bench(__file__, args)
     if args.seeds < 1:
         ap.error(f"--seeds: at least 1 run (got {args.seeds})")
     size = QUICK if args.quick else FULL
@@ -400,11 +400,11 @@ def main(argv: list[str]) -> int:
           f"load average {min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}) on "
           f"{os.cpu_count()} CPUs")
     if not gains:
-        report.result("joint_min_gain_se", "nan", "(the joint_curriculum arm was not run)", target=2)
+        benchmark.result("joint_min_gain_se", "nan", "(the joint_curriculum arm was not run)", target=2)
         return 0
     min_gain, worst_drop = headline(gains, trained)
-    report.result("joint_min_gain_se", f"{min_gain:.2f}", target=f"{TARGET_GAIN_SE:.0f}")
-    report.result("joint_worst_drop_se", f"{worst_drop:.2f}", target=f"<={TARGET_DROP_SE:.0f}")
+    benchmark.result("joint_min_gain_se", f"{min_gain:.2f}", target=f"{TARGET_GAIN_SE:.0f}")
+    benchmark.result("joint_worst_drop_se", f"{worst_drop:.2f}", target=f"<={TARGET_DROP_SE:.0f}")
     return 0
 
 

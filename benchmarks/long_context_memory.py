@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from _harness import Bench, load_avg, parser  # benchmarks/, on the path when this script runs
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 PROMPT_TOKENS = 64
@@ -179,16 +181,17 @@ def run_arm(arm: str, n: int, limit_gib: float, threads: int) -> dict:
     return {"peak_gib": usage.ru_maxrss * 1024 / 2**30, "killed": killed, **(json.loads(line[4:]) if line else {})}
 
 
-def _headline(rows: list[dict]) -> str:
-    """naive / postrl peak memory at the longest length both arms ran ('>' when naive was killed)."""
+def _headline(rows: list[dict]) -> tuple[str, str]:
+    """(metric, value): naive / postrl peak memory at the longest length both arms ran ('>' when
+    naive was killed)."""
     both = [r for r in rows if "postrl" in r and "naive" in r]
     if not both:
-        return "peak_ratio=none"
+        return "peak_ratio", "none"
     r = both[-1]
     naive, postrl = r["naive"], r["postrl"]
     if naive["killed"]:
-        return f"peak_ratio@{r['length']}=>{naive['limit'] / postrl['peak_gib']:.1f}"
-    return f"peak_ratio@{r['length']}={naive['peak_gib'] / postrl['peak_gib']:.1f}"
+        return f"peak_ratio@{r['length']}", f">{naive['limit'] / postrl['peak_gib']:.1f}"
+    return f"peak_ratio@{r['length']}", f"{naive['peak_gib'] / postrl['peak_gib']:.1f}"
 
 
 def _fmt(r: dict) -> str:
@@ -196,7 +199,7 @@ def _fmt(r: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--lengths", default="1024,2048,4096,8192", help="tokens per sequence, comma-separated")
     ap.add_argument("--arms", default="postrl,naive")
     ap.add_argument("--gen-tokens", type=int, default=2048, help="new tokens of the generation arm (0 = skip)")
@@ -208,11 +211,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args.child, args.n, args.threads)
+    bench = Bench(__file__, args)
     if args.glibc_default:
         MALLOC.clear()
-    t_start = time.perf_counter()
     print(f"SmolLM2-135M + LoRA r=16, one update of one sequence; {os.cpu_count()} cores; "
-          f"limit {args.limit_gib:g} GiB per arm; load average {os.getloadavg()[0]:.2f}; "
+          f"limit {args.limit_gib:g} GiB per arm; load average {load_avg():.2f}; "
           f"allocator {MALLOC or 'glibc default'}", flush=True)
     rows, result = [], []
     for n in [int(x) for x in args.lengths.split(",") if x]:  # --lengths '' runs the generation arm only
@@ -235,9 +238,9 @@ def main() -> None:
             print(f"generate {g['tokens']} new tokens (fast engine, batch 1): {g['tokens'] / g['gen_s']:.1f} tokens/s, "
                   f"peak {g['peak_gib']:.2f} GiB")
             result.append(f"gen{g['tokens']}_tok_s={g['tokens'] / g['gen_s']:.1f} gen_peak={g['peak_gib']:.2f}")
-    print(f"total {time.perf_counter() - t_start:.0f}s")
+    print(f"total {bench.clock.seconds:.0f}s")
     print("arms (GiB): " + " ".join(result))
-    print(f"RESULT {_headline(rows)} target=3")
+    bench.result(*_headline(rows), target=3)
 
 
 def _table(rows: list[dict], arms: list[str], limit: float) -> None:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 
 from _gain import measure, report  # benchmarks/, on the path when this script runs
+from _harness import Bench, Timed, parser
 
 from postrl.builtin_models import load_model
 from postrl.config import load_config
@@ -54,30 +54,34 @@ def max_new_tokens(cfg) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    recipe = argv[0] if argv and argv[0].endswith(".yaml") else "recipes/smollm2-gsm.yaml"
-    overrides = [a for a in argv if "=" in a]
+    ap = parser(__doc__)
+    ap.add_argument("words", nargs="*", metavar="[RECIPE.yaml] [dotted.key=value ...]")
+    args = ap.parse_args(argv)
+    benchmark = Bench(__file__, args)
+    recipe = args.words[0] if args.words and args.words[0].endswith(".yaml") else "recipes/smollm2-gsm.yaml"
+    overrides = [a for a in args.words if "=" in a]
+    if stray := [a for a in args.words if a != recipe and "=" not in a]:
+        ap.error(f"not a recipe (.yaml) first nor a dotted.key=value override: {' '.join(stray)}")
     bench = load_config(recipe, overrides)
     # the loop's own evals are kept tiny: this script measures before and after itself
     cfg = load_config(recipe, overrides + ["eval.num_problems=4", "eval.samples_per_problem=1", "eval.k=[1]",
                                            "eval.domains={}", "run.progress=false"])
     suites, trained = suites_of(bench)
     tokens = max_new_tokens(bench)
-    t0 = time.perf_counter()
     print(f"base model {cfg.model.name}:", flush=True)
     base = measure(Policy(*load_model(cfg.model.name, cfg.model.dtype, log=lambda *_: None)), suites, bench, tokens)
-    t1 = time.perf_counter()
+    training = Timed()
     run_dir = train(cfg, log=lambda *_: None)
-    t2 = time.perf_counter()
-    print(f"trained {cfg.train.total_steps} steps in {t2 - t1:.0f} s -> {run_dir}; trained policy {run_dir / 'final'}:")
+    print(f"trained {cfg.train.total_steps} steps in {training.seconds:.0f} s -> {run_dir}; trained policy {run_dir / 'final'}:")
     after = measure(Policy(*load_model(str(run_dir / "final"), cfg.model.dtype, log=lambda *_: None)), suites, bench,
                     tokens)
-    minutes = (time.perf_counter() - t0) / 60
+    minutes = benchmark.clock.seconds / 60
     changes = report(base, after, bench, trained, run_dir, minutes * 60)
     name = sorted(trained)[0]
     gain, se = changes[name]
     print(f"{name}: gain {gain:+.3f} is {'more' if gain > 2 * se else 'NOT more'} than 2 SE ({2 * se:.3f}); "
           f"{minutes:.1f} min of {TARGET_MINUTES}")
-    print(f"RESULT pass@1_gain={gain:.3f} target={TARGET_GAIN:.2f}")
+    benchmark.result("pass@1_gain", f"{gain:.3f}", target=f"{TARGET_GAIN:.2f}")
     return 0
 
 

@@ -33,7 +33,6 @@ The machine is shared: the load average before and after each recipe is printed;
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -44,6 +43,7 @@ import time
 from pathlib import Path
 
 import torch
+from _harness import Bench, load_avg, parser  # benchmarks/, on the path when this script runs
 
 from postrl import loop as loop_module
 from postrl import run as run_module
@@ -140,14 +140,15 @@ def compare(name: str, cfg: Config) -> list[tuple[str, str, float, float, float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--steps-tiny", type=int, default=8)
     ap.add_argument("--steps-smollm2", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of both runs (run.threads)")
     ap.add_argument("--only", choices=sorted(RECIPES), help="one recipe")
     args = ap.parse_args(argv)
+    bench = Bench(__file__, args)
     steps = {"tiny": args.steps_tiny, "smollm2": args.steps_smollm2}
-    rows, start = [], time.perf_counter()
+    rows = []
     with tempfile.TemporaryDirectory(prefix="plan-vs-measured-") as tmp:
         for name, (recipe, overrides) in RECIPES.items():
             if args.only and name != args.only:
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [*overrides, f"run.threads={args.threads}", f"train.total_steps={steps[name]}"]
             cfg = load_config(recipe, [*QUIET, *overrides, f"run.dir={tmp}/{name}"])
             print(f"{name}: {recipe} {' '.join(overrides)}; load average "
-                  f"{os.getloadavg()[0]:.2f}", flush=True)
+                  f"{load_avg():.2f}", flush=True)
             rows += compare(name, cfg)
             torch.set_num_threads(os.cpu_count() or 1)
     print(f"\n{'recipe':8} {'phase':10} {'plan s':>9} {'workload s':>11} {'measured s':>11} {'plan err':>9} "
@@ -164,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:8} {phase:10} {plan:9.3f} {told:11.3f} {meas:11.3f} {(plan - meas) / meas:+9.0%} "
               f"{(told - meas) / meas:+13.0%}")
     steps_only = [r for r in rows if r[1] == "step"]
-    print(f"wall {time.perf_counter() - start:.0f} s")
+    print(f"wall {bench.clock.seconds:.0f} s")
     print(f"upper_bound_step_error_max={max(abs(p - m) / m for _, _, p, _, m in steps_only):.3f}")
-    print(f"RESULT plan_step_error_max={max(abs(t - m) / m for _, _, _, t, m in steps_only):.3f} target<=0.35")
+    bench.result("plan_step_error_max", f"{max(abs(t - m) / m for _, _, _, t, m in steps_only):.3f}", target="<=0.35")
     return 0
 
 

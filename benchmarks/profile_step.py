@@ -10,10 +10,10 @@ operators that took the most self time. Not a test; absolute times depend on the
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
+from _harness import parser  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
 from postrl.config import load_config
@@ -60,7 +60,7 @@ class Step:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, record=False)  # a profile: no RESULT line
     ap.add_argument("recipe", nargs="?", default="recipes/default.yaml")
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--steps", type=int, default=4)

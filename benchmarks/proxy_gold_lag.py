@@ -25,10 +25,11 @@ moving by a step or two with sampling noise.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from types import SimpleNamespace
+
+from _harness import parser  # benchmarks/, on the path when this script runs
 
 from postrl.monitor.monitors import ProxyGold, ProxyGoldConfig
 
@@ -95,7 +96,7 @@ def false_alarm_share(settings: dict, runs: int, per_step: int = 128, steps: int
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, record=False)  # a simulation's lag distribution: no RESULT line
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--samples-per-step", type=int, default=128, help="gold-scored samples the monitor sees a step")
     p.add_argument("--heldout", action="store_true", help="the monitor also pools the held-out eval's gold")

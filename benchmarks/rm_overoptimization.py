@@ -41,16 +41,15 @@ a peak followed by a plateau still lags above 3 in 8-14% of simulated draws).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from _harness import Bench, Timed, parser  # benchmarks/, on the path when this script runs
 
 import postrl
 from postrl.builtin_models import resolve_model_path
@@ -163,7 +162,7 @@ def plot(c: dict, peak: int, fired: int | None, kept: int | None, path: Path) ->
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--lr", type=float, default=1e-4, help="policy learning rate")
     p.add_argument("--pairs-from", type=int, default=300, help="training prompts sampled twice for preferences")
@@ -174,8 +173,8 @@ def main() -> int:
     p.add_argument("--heldout-problems", type=int, default=200,
                    help="held-out sums, 4 samples each, scored by the gold rule every step")
     args = p.parse_args()
+    bench = Bench(__file__, args)
     torch.set_num_threads(1)
-    t0 = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="rm-overopt-"))
     work.mkdir(parents=True, exist_ok=True)
     rng, taken = random.Random(0), set()
@@ -185,13 +184,13 @@ def main() -> int:
     backbone = resolve_model_path("tiny-arith", log=lambda m: print(m, file=sys.stderr))
     lags = {}
     for i, seed in enumerate(int(x) for x in args.seeds.split(",")):
-        t_seed = time.perf_counter()
+        seed_clock = Timed()
         run_dir = one_seed(work, backbone, train_rows[: args.pairs_from], seed, args)
         lags[seed] = report(run_dir, len(held_rows) * 4, seed, Path(args.out) if i == 0 else None)
-        print(f"seed {seed}: wall {time.perf_counter() - t_seed:.0f}s; run {run_dir}")
+        print(f"seed {seed}: wall {seed_clock.seconds:.0f}s; run {run_dir}")
     worst = max(abs(v) for v in lags.values())
-    print(f"lag (fire - peak) by seed: {lags}; wall {time.perf_counter() - t0:.0f}s")
-    print(f"RESULT fire_minus_peak_max={worst} seeds={len(lags)} target<={TARGET_STEPS}")
+    print(f"lag (fire - peak) by seed: {lags}; wall {bench.clock.seconds:.0f}s")
+    bench.result("fire_minus_peak_max", worst, seeds=len(lags), target=f"<={TARGET_STEPS}")
     return 0
 
 

@@ -18,9 +18,9 @@ on 2 cores.
 from __future__ import annotations
 
 import sys
-import time
 
 from _gain import measure, report  # benchmarks/, on the path when this script runs
+from _harness import Bench, Timed, parser
 
 from postrl.builtin_models import load_model
 from postrl.config import load_config
@@ -34,8 +34,14 @@ TARGET_GAIN = 0.10
 
 
 def main(argv: list[str]) -> int:
-    recipe = argv[0] if argv and argv[0].endswith(".yaml") else "recipes/smollm2-arith.yaml"
-    overrides = [a for a in argv if "=" in a]
+    ap = parser(__doc__)
+    ap.add_argument("words", nargs="*", metavar="[RECIPE.yaml] [dotted.key=value ...]")
+    args = ap.parse_args(argv)
+    benchmark = Bench(__file__, args)
+    recipe = args.words[0] if args.words and args.words[0].endswith(".yaml") else "recipes/smollm2-arith.yaml"
+    overrides = [a for a in args.words if "=" in a]
+    if stray := [a for a in args.words if a != recipe and "=" not in a]:
+        ap.error(f"not a recipe (.yaml) first nor a dotted.key=value override: {' '.join(stray)}")
     # the loop's own end-of-run eval is kept tiny: this script measures before and after itself
     cfg = load_config(recipe, overrides + ["eval.num_problems=4", "eval.samples_per_problem=2", "eval.k=[1]", "run.progress=false"])
     bench = load_config(recipe, overrides)
@@ -44,20 +50,15 @@ def main(argv: list[str]) -> int:
         train_name: (d := make_domain(train_name, dcfg.params, cfg.seed), d.heldout(bench.eval.num_problems)),
         SECOND_DOMAIN[0]: (d2 := make_domain(*SECOND_DOMAIN, cfg.seed), d2.heldout(bench.eval.num_problems // 2)),
     }
-    t0 = time.perf_counter()
     print(f"base model {cfg.model.name}:", flush=True)
     base = measure(Policy(*load_model(cfg.model.name, cfg.model.dtype, log=lambda *_: None)), suites, bench)
-    t1 = time.perf_counter()
+    training = Timed()
     run_dir = train(cfg, log=lambda *_: None)
-    t2 = time.perf_counter()
-    print(f"trained {cfg.train.total_steps} steps in {t2 - t1:.0f} s -> {run_dir}; trained policy {run_dir / 'final'}:")
+    print(f"trained {cfg.train.total_steps} steps in {training.seconds:.0f} s -> {run_dir}; trained policy {run_dir / 'final'}:")
     after = measure(Policy(*load_model(str(run_dir / "final"), cfg.model.dtype, log=lambda *_: None)), suites, bench)
-    print_result(report(base, after, bench, {train_name}, run_dir, time.perf_counter() - t0), train_name)
+    changes = report(base, after, bench, {train_name}, run_dir, benchmark.clock.seconds)
+    benchmark.result("pass@1_gain", f"{changes[train_name][0]:.3f}", target=f"{TARGET_GAIN:.2f}")
     return 0
-
-
-def print_result(changes: dict, train_name: str) -> None:
-    print(f"RESULT pass@1_gain={changes[train_name][0]:.3f} target={TARGET_GAIN:.2f}")
 
 
 if __name__ == "__main__":
