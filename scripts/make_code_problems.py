@@ -18,10 +18,10 @@ runs the held-out references through the recipe's verifier in the sandbox.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from pathlib import Path
+
+from _data_files import parser, write_jsonl  # scripts/, on the path when this script runs
 
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "candle", "garden", "rocket", "maple",
          "ocean", "pepper", "silver", "window", "button", "forest", "honey", "island", "jacket"]
@@ -95,20 +95,16 @@ def draw(rng: random.Random, n: int, exclude: set[str], repeat_text: bool = Fals
     return rows
 
 
-def write(path: Path, rows: list[dict], first_id: int) -> None:
-    path.write_text("".join(json.dumps({"task_id": first_id + i, **r}) + "\n" for i, r in enumerate(rows)))
-    print(f"{path}: {len(rows)} problems")
+def numbered(rows: list[dict], first_id: int) -> list[dict]:
+    return [{"task_id": first_id + i, **r} for i, r in enumerate(rows)]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="recipes/data")
-    out = Path(ap.parse_args().out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(parser(__doc__).parse_args().out)
     test = draw(random.Random("code-test"), 200, set())
     train = draw(random.Random("code-train"), 1000, {r["text"] for r in test}, repeat_text=True)
-    write(out / "code_test.jsonl", test, 1)
-    write(out / "code_train.jsonl", train, 1001)
+    write_jsonl(out / "code_test.jsonl", numbered(test, 1))
+    write_jsonl(out / "code_train.jsonl", numbered(train, 1001))
 
 
 if __name__ == "__main__":

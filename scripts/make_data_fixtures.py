@@ -14,8 +14,9 @@ that the GSM files are what the exporter makes).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from _data_files import write_jsonl  # scripts/, on the path when this script runs
 
 from postrl.commands.export_rg import export_rows
 
@@ -77,10 +78,6 @@ def gsm_rows() -> dict[str, list[dict]]:
     return splits
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-
-
 def main() -> None:
     for split, rows in gsm_rows().items():
         write_jsonl(DATA / f"gsm_symbolic_{split}.jsonl", rows)
@@ -89,7 +86,6 @@ def main() -> None:
     write_jsonl(DATA / "choice.jsonl", [
         {"question": q, "options": "\n".join(f"{'ABCD'[i]}) {o}" for i, o in enumerate(opts)), "answer": a}
         for q, opts, a in CHOICE])
-    print(f"wrote the data sets under {DATA}")
 
 
 if __name__ == "__main__":

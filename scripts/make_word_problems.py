@@ -23,9 +23,10 @@ So these are within the model's reach: right sometimes, rarely reliably.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from pathlib import Path
+
+from _data_files import parser, write_jsonl  # scripts/, on the path when this script runs
 
 NAMES = ["Sam", "Mia", "Leo", "Ava", "Ben", "Zoe", "Noah", "Lily", "Omar", "Ines", "Raj", "Yuki"]
 ITEMS = ["apples", "marbles", "books", "stickers", "pencils", "cards", "shells", "coins", "stamps", "cookies"]
@@ -59,11 +60,6 @@ def draw(make, rng: random.Random, n: int, exclude: set[str]) -> list[dict[str, 
     return rows
 
 
-def write(path: Path, rows: list[dict[str, str]]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"{path}: {len(rows)} problems")
-
-
 def numbers(text: str) -> tuple[int, int]:
     low, _, high = text.partition("-")
     if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
@@ -72,13 +68,11 @@ def numbers(text: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="recipes/data")
+    ap = parser(__doc__)
     ap.add_argument("--numbers", type=numbers, default=(2, 20), help="the operands' range, LOW-HIGH (default 2-20)")
     ap.add_argument("--train", type=int, default=2000, help="training problems (200 are held out besides)")
     args = ap.parse_args()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     low, high = args.numbers
     tag = "" if (low, high) == (2, 20) else f"_{low}to{high}"  # the 2-20 set keeps its names and seeds
 
@@ -87,10 +81,10 @@ def main() -> None:
 
     test = draw(make, random.Random(f"word-problems{tag}-test"), 200, set())
     train = draw(make, random.Random(f"word-problems{tag}-train"), args.train, {r["question"] for r in test})
-    write(out / f"word_problems{tag}_train.jsonl", train)
-    write(out / f"word_problems{tag}_test.jsonl", test)
+    write_jsonl(out / f"word_problems{tag}_train.jsonl", train)
+    write_jsonl(out / f"word_problems{tag}_test.jsonl", test)
     if not tag:
-        write(out / "multiplication_test.jsonl", draw(multiply, random.Random("multiplication-test"), 200, set()))
+        write_jsonl(out / "multiplication_test.jsonl", draw(multiply, random.Random("multiplication-test"), 200, set()))
 
 
 if __name__ == "__main__":

@@ -161,9 +161,10 @@ def test_the_shipped_fixtures_load_and_grade(tmp_path):
     assert len(rows) >= 10 and all(r["test_list"] and r["code"] for r in rows)
 
 
-def test_the_gsm_fixtures_are_what_the_exporter_makes():
+def test_the_gsm_fixtures_are_what_the_exporter_makes(monkeypatch):
     import importlib.util
 
+    monkeypatch.syspath_prepend(str(DATA.parents[1] / "scripts"))  # its shared tail, as when the script runs
     spec = importlib.util.spec_from_file_location("fixtures", DATA.parents[1] / "scripts" / "make_data_fixtures.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
