@@ -1,14 +1,13 @@
 """Shared by the gain benchmarks (smollm2_gain.py, own_data_gain.py, joint_vs_single.py; async_vs_sync.py
-its standard error): measure a policy's held-out
-pass@1 on several domains, before and after training, problem by problem, and report the change
-with paired standard errors.
+takes its standard error): measure a policy's held-out pass@1 on several domains, before and after
+training, problem by problem, and report the change with paired standard errors.
 
 Noise: each domain's change is a paired difference over the same problems, sampled with the same
 seeds; its standard error is std(per-problem difference) / sqrt(problems). "No drop beyond noise"
 on an untrained domain means the pass@1 change is above -2 standard errors.
 
 A shared module, not a benchmark: the leading underscore marks the two (this and `_harness`) that
-benchmarks may import; they never import one another (pyproject.toml's benchmarks contract).
+benchmarks may import; a benchmark never imports another (pyproject.toml's benchmarks contract).
 """
 
 from __future__ import annotations

@@ -226,7 +226,8 @@ def run_seed(seed: int, args) -> dict:
 
 
 def main() -> None:
-    p = parser(__doc__, out="runs/bench-curriculum", out_help="the arms' run directories go under OUT/seedN/ (default: runs/bench-curriculum)")
+    p = parser(__doc__, out="runs/bench-curriculum",
+               out_help="the arms' run directories go under OUT/seedN/ (default: runs/bench-curriculum)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--arms", nargs="+", default=["curriculum", "uniform"], choices=list(ARMS),
                    help="curriculum and uniform always; the ablations on request")
