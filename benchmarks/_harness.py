@@ -62,6 +62,20 @@ def parser(doc: str, *, out: str | None = None, out_help: str = "", quick: str =
     return ap
 
 
+def parse_recipe_args(ap: argparse.ArgumentParser, argv: list[str] | None,
+                      default: str) -> tuple[argparse.Namespace, str, list[str]]:
+    """Parse a command line of flags and `[RECIPE.yaml] [dotted.key=value ...]`: (the arguments, the
+    recipe: the first word when it ends in .yaml, else `default`, the overrides). Any other word is a
+    one-line error."""
+    ap.add_argument("words", nargs="*", metavar="[RECIPE.yaml] [dotted.key=value ...]")
+    args = ap.parse_args(argv)
+    recipe = args.words[0] if args.words and args.words[0].endswith(".yaml") else default
+    overrides = [w for w in args.words if "=" in w]
+    if stray := [w for w in args.words if w != recipe and "=" not in w]:
+        ap.error(f"not a recipe (.yaml) first nor a dotted.key=value override: {' '.join(stray)}")
+    return args, recipe, overrides
+
+
 def commit(cwd: str | Path | None = None) -> str:
     """The commit the checkout at `cwd` is at ('' outside a git checkout), with '+' when tracked
     files differ from it (untracked ones do not count: runs/ and caches are not the code)."""

@@ -24,7 +24,7 @@ import dataclasses
 import sys
 
 from _gain import measure, report  # benchmarks/, on the path when this script runs
-from _harness import Bench, Timed, parser
+from _harness import Bench, Timed, parse_recipe_args, parser
 
 from postrl.builtin_models import load_model
 from postrl.config import load_config
@@ -54,14 +54,8 @@ def max_new_tokens(cfg) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    ap = parser(__doc__)
-    ap.add_argument("words", nargs="*", metavar="[RECIPE.yaml] [dotted.key=value ...]")
-    args = ap.parse_args(argv)
+    args, recipe, overrides = parse_recipe_args(parser(__doc__), argv, "recipes/smollm2-gsm.yaml")
     benchmark = Bench(__file__, args)
-    recipe = args.words[0] if args.words and args.words[0].endswith(".yaml") else "recipes/smollm2-gsm.yaml"
-    overrides = [a for a in args.words if "=" in a]
-    if stray := [a for a in args.words if a != recipe and "=" not in a]:
-        ap.error(f"not a recipe (.yaml) first nor a dotted.key=value override: {' '.join(stray)}")
     bench = load_config(recipe, overrides)
     # the loop's own evals are kept tiny: this script measures before and after itself
     cfg = load_config(recipe, overrides + ["eval.num_problems=4", "eval.samples_per_problem=1", "eval.k=[1]",

@@ -107,6 +107,16 @@ def test_the_shared_flags_come_only_when_asked_for_and_help_prints_the_docstring
     assert "First line.\n\n    usage block" in capsys.readouterr().out  # as written, not reflowed
 
 
+def test_a_recipe_then_overrides_on_the_command_line_and_a_stray_word_is_an_error(capsys):
+    args, recipe, overrides = harness.parse_recipe_args(harness.parser("doc"), ["r.yaml", "a.b=1", "--record", "f"],
+                                                        "default.yaml")
+    assert (recipe, overrides, args.record) == ("r.yaml", ["a.b=1"], "f")
+    assert harness.parse_recipe_args(harness.parser("doc"), ["seed=3"], "default.yaml")[1:] == ("default.yaml", ["seed=3"])
+    with pytest.raises(SystemExit):
+        harness.parse_recipe_args(harness.parser("doc"), ["a.b=1", "typo"], "default.yaml")
+    assert "nor a dotted.key=value override: typo" in capsys.readouterr().err
+
+
 def test_timed_runs_on_inside_the_block_and_is_fixed_at_its_end():
     with harness.timed() as t:
         time.sleep(0.02)
