@@ -279,7 +279,18 @@ class RLConfig:
     clip_high: float = 0.28
     """Upper PPO clip range (clip-higher, DAPO): ratio <= 1 + clip_high."""
     loss_agg: str = "token-mean"
-    """Loss aggregation: token-mean (every token counts once) or seq-mean-token-mean."""
+    """Loss aggregation: token-mean (every token counts once), seq-mean-token-mean (GRPO: a mean per
+    completion, then over completions) or seq-mean-token-sum-norm (Dr. GRPO: each completion's token
+    sum over the constant rl.loss_agg_budget)."""
+    loss_agg_budget: int = ranged(0, ge=0)
+    """The constant seq-mean-token-sum-norm divides a completion's token sum by (0 = train.max_new_tokens,
+    the generation budget; verl's loss_scale_factor)."""
+    overlong_buffer: int = ranged(0, ge=0)
+    """DAPO's soft overlong penalty (`postrl.algo.overlong`): a completion longer than
+    train.max_new_tokens - overlong_buffer tokens loses up to rl.overlong_penalty of its reward,
+    linearly over the buffer, before its advantage (0 = off). An episode counts its longest turn."""
+    overlong_penalty: float = ranged(1.0, ge=0)
+    """The reward a completion at train.max_new_tokens loses under rl.overlong_buffer (DAPO: 1)."""
     kl_coef: float = 0.01
     """Weight of the KL penalty to the frozen reference policy (0 disables the reference)."""
     kl_estimator: str = "k3"
@@ -717,12 +728,24 @@ def validate(cfg: Config) -> None:
     validate_curriculum(cfg)
     validate_pipeline(cfg)
     validate_domains(cfg)
+    validate_overlong(cfg)
 
 
 def validate_domains(cfg: Config) -> None:
     both = sorted(set(cfg.domains) & set(cfg.eval.domains))
     if both:
         raise ConfigError(f"config key 'eval.domains.{both[0]}': already a training domain (domains.{both[0]})")
+
+
+def validate_overlong(cfg: Config) -> None:
+    """The soft overlong penalty ramps up to train.max_new_tokens, the one budget the learner knows."""
+    buffer, limit = cfg.rl.overlong_buffer, cfg.train.max_new_tokens
+    if buffer > limit:
+        raise ConfigError(f"config key 'rl.overlong_buffer' = {buffer}: must be <= train.max_new_tokens ({limit})")
+    own = [(name, d.max_new_tokens) for name, d in cfg.domains.items() if d.max_new_tokens not in (0, limit)]
+    if buffer and own:
+        raise ConfigError(f"config key 'rl.overlong_buffer' ramps up to train.max_new_tokens ({limit}); "
+                          f"domains.{own[0][0]}.max_new_tokens = {own[0][1]} is another budget")
 
 
 def split_domains(domains: dict[str, DomainConfig], prefix: str) -> dict[str, DomainConfig]:

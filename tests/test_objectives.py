@@ -105,3 +105,36 @@ def test_dr_grpo_divides_every_completions_token_sum_by_the_generation_budget():
 def test_dr_grpo_without_a_budget_is_an_error_not_a_silent_length_normaliser():
     with pytest.raises(ValueError, match="generation budget"):
         aggregate(torch.ones(1, 2), torch.ones(1, 2), "seq-mean-token-sum-norm")
+
+
+def test_the_soft_overlong_penalty_lowers_the_rewards_of_long_completions_before_the_advantage(tiny_model_dir):
+    from conftest import build_sample
+
+    from postrl.builtin_models import load_model
+    from postrl.config import RLConfig, TrainConfig
+    from postrl.learner.learner import Learner
+    from postrl.sampling.policy import Policy
+
+    model, tok = load_model(str(tiny_model_dir), log=lambda *_: None)
+    train = TrainConfig(samples_per_prompt=4, max_new_tokens=10, minibatches=1)
+    # four correct replies (reward 1) of 2, 6, 8 and 10 tokens; buffer 4 -> the ramp starts past 6:
+    # penalties 0, 0, 0.5, 1 (overlong_penalty 1): shaped rewards 1, 1, 0.5, 0
+    samples = [build_sample("x" * n, group=0, task_id="t0", completion_ids=[5] * n) for n in (2, 6, 8, 10)]
+    learner = Learner(Policy(model, tok), None, train, RLConfig(kl_coef=0.0, overlong_buffer=4, scale_by_std=False))
+    adv = learner.build_batch(samples, 0.0).advantages
+    assert adv.tolist() == pytest.approx([0.375, 0.375, -0.125, -0.625])  # shaped rewards minus their mean 0.625
+    assert all(s.kl_penalty is None for s in samples)  # the KL field stays the KL's
+    off = Learner(Policy(model, tok), None, train, RLConfig(kl_coef=0.0, scale_by_std=False))
+    assert off.build_batch(samples, 0.0).advantages.tolist() == [0.0, 0.0, 0.0, 0.0]  # all correct: no signal
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rl.overlong_buffer=9"], "config key 'rl.overlong_buffer' = 9: must be <= train.max_new_tokens (8)"),
+    (["rl.overlong_buffer=2", "domains.arith.max_new_tokens=12"],
+     "config key 'rl.overlong_buffer' ramps up to train.max_new_tokens (8); domains.arith.max_new_tokens = 12 "
+     "is another budget"),
+])
+def test_an_overlong_buffer_the_budget_cannot_hold_is_one_line(overrides, message, tmp_path, capsys):
+    code = main(["train", "recipes/default.yaml", *overrides, f"run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"error: {message}\n" and not (tmp_path / "run").exists()

@@ -297,7 +297,7 @@ def _grads_after_update(tiny_gguf, samples_of, agg: str, model_cfg: ModelConfig)
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batching_gives_the_same_gradient_as_the_whole_minibatch(tiny_gguf, tiny, agg):
     model, tok = tiny
     samples = _samples(Policy(model, tok), n_tasks=4, n=3)  # 12 completions of uneven lengths

@@ -41,7 +41,15 @@ import torch
 
 from postrl.algo.advantages import ADVANTAGES, group_advantages
 from postrl.algo.correction import CORRECTIONS, correction_stats, mismatch_stats
-from postrl.algo.losses import LOSS_AGGREGATIONS, LOSSES, aggregate, kl_estimate, truncated_is_weight
+from postrl.algo.losses import (
+    LOSS_AGGREGATIONS,
+    LOSSES,
+    Aggregation,
+    aggregate,
+    kl_estimate,
+    truncated_is_weight,
+)
+from postrl.algo.overlong import soft_overlong_penalty
 from postrl.config import Config, ModelConfig, RLConfig, TrainConfig
 from postrl.errors import ConfigError
 from postrl.learner import sharded
@@ -120,6 +128,8 @@ class Learner:
         self.loss_fn = LOSSES.get(rl.loss)
         self.share = LOSS_AGGREGATIONS.facts(rl.loss_agg, key="rl.loss_agg").share
         """`rl.loss_agg`'s micro-batch weight rule (`AggregationFacts.share`): weights accumulated gradients."""
+        self.agg = Aggregation(rl.loss_agg, budget=rl.loss_agg_budget or train.max_new_tokens)
+        """`rl.loss_agg` with the generation budget a budget-normalised one divides by."""
         trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.trained = [n for n, _ in trained]
         """Names of the weights the update changes (sharded: what it gathers for the sampler)."""
@@ -215,8 +225,9 @@ class Learner:
     def _advantages(self, samples, old, ref, loss_mask, kl_coef: float) -> torch.Tensor:
         """[B] group-relative advantages, written into the samples too. With `rl.kl_in: reward`
         each reward is first reduced by kl_coef times the sequence KL to the reference (summed over
-        tokens, on the behaviour log-probs), as in PPO-RLHF. The [G, N] view needs whole groups,
-        each contiguous: `build_batch` checked them."""
+        tokens, on the behaviour log-probs), as in PPO-RLHF; with `rl.overlong_buffer` by DAPO's
+        soft overlong penalty. The [G, N] view needs whole groups, each contiguous: `build_batch`
+        checked them."""
         n = self.train_cfg.samples_per_prompt
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=self.device).view(-1, n)  # [G, N]
         verified = torch.tensor([s.score is not None and s.score.status == "ok" for s in samples],
@@ -225,11 +236,17 @@ class Learner:
         if self.rl.kl_in == "reward" and ref is not None:
             kl = kl_estimate(old, ref, self.rl.kl_estimator)  # [B, T-1]
             penalty = kl_coef * (kl * loss_mask).sum(-1)  # [B]
+        kl_penalty = penalty
+        if self.rl.overlong_buffer:
+            lengths = torch.tensor([completion_length(s) for s in samples], device=self.device)
+            shaped = -self.rl.overlong_penalty * soft_overlong_penalty(lengths, self.train_cfg.max_new_tokens,
+                                                                       self.rl.overlong_buffer)  # [B], >= 0
+            penalty = shaped if penalty is None else penalty + shaped
         estimator = ADVANTAGES.get(self.rl.advantage, key="rl.advantage")
         adv = group_advantages(estimator, rewards, verified, penalty, self.rl.scale_by_std)  # [B]
         for i, (s, a) in enumerate(zip(samples, adv.tolist())):
             s.advantage = a
-            s.kl_penalty = None if penalty is None else float(penalty[i])
+            s.kl_penalty = None if kl_penalty is None else float(kl_penalty[i])
         return adv
 
     @torch.no_grad()
@@ -390,15 +407,15 @@ class Learner:
                 weight = truncated_is_weight(old, behav, self.is_cap)  # [b, t]
             else:  # the rollout correction's transform of pi_prox / pi_behav, on every row
                 weight = self._correct(old, behav, mask).weight  # [b, t]
-        pg, st = self.loss_fn(logp, old, batch.advantages[rows], mask, rl.clip_low, rl.clip_high, rl.loss_agg,
+        pg, st = self.loss_fn(logp, old, batch.advantages[rows], mask, rl.clip_low, rl.clip_high, self.agg,
                               is_weight=weight)
-        loss, ent_mean = pg, aggregate(ent, mask, rl.loss_agg)
+        loss, ent_mean = pg, aggregate(ent, mask, self.agg)
         if sample_entropy is not None:
             sample_entropy[rows] = ((ent * mask).sum(-1) / mask.sum(-1).clamp(min=1)).detach()
         kl_mean, kl_max = torch.zeros((), device=self.device), 0.0
         if batch.ref_logprobs is not None:
             kl = kl_estimate(logp, batch.ref_logprobs[rows, : width - 1], rl.kl_estimator)  # [b, t]
-            kl_mean = aggregate(kl, mask, rl.loss_agg)
+            kl_mean = aggregate(kl, mask, self.agg)
             if rl.kl_in == "loss":
                 loss = loss + kl_coef * kl_mean
             kl_max = float((kl.detach() * mask).max())
@@ -406,6 +423,14 @@ class Learner:
             loss = loss - rl.entropy_coef * ent_mean
         return loss, {"loss": float(loss.detach()), "pg": float(pg.detach()), "kl": float(kl_mean.detach()),
                       "ent": float(ent_mean.detach()), "clip": st.clip_frac, "kl_max": kl_max}
+
+
+def completion_length(sample: Sample) -> int:
+    """Tokens of a completion as the soft overlong penalty counts them: all of a single turn's; an
+    episode's longest model turn (each turn is cut at max_new_tokens on its own)."""
+    if sample.episode is None:
+        return len(sample.completion_ids)
+    return max((t.tokens for t in sample.episode.turns if t.role == "assistant"), default=0)
 
 
 @dataclass
