@@ -42,7 +42,7 @@ import torch
 from _harness import Bench, parser, timed, write_plot, write_record
 
 from postrl.builtin_models import load_model
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.files import write_atomic
 from postrl.loop import train
 from postrl.monitor.sinks import read_metrics

@@ -46,7 +46,7 @@ from postrl import loop as train_module
 from postrl import run as run_module
 from postrl.algo.passk import pass_at_k
 from postrl.builtin_models import resolve_model_path
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.evaluation import count_correct
 from postrl.learner import learner as update_module
 

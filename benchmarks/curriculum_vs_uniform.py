@@ -39,7 +39,7 @@ from pathlib import Path
 from _harness import Bench, parser, timed  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.evaluation import count_correct
 from postrl.loop import train
 from postrl.sampling.policy import Policy

@@ -26,7 +26,8 @@ import sys
 from _harness import Bench, load_avg, parser, timed  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
-from postrl.config import generation_limits, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import generation_limits
 from postrl.evaluation import evaluate, evaluate_domain
 from postrl.sampling.policy import Policy
 from postrl.tasks.catalog import build_domains

@@ -49,7 +49,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_step import build, flops_per_token, matmul_peak, sync, timed  # noqa: E402
 
-from postrl.config import LoraConfig, RolloutConfig, VllmConfig, load_config, recipe_path  # noqa: E402
+from postrl.config.loading import load_config, recipe_path  # noqa: E402
+from postrl.config.schema import LoraConfig, RolloutConfig, VllmConfig
 from postrl.cost import GPU_PRESETS  # noqa: E402
 from postrl.learner.precision import make_optimizer  # noqa: E402
 from postrl.model.logprobs import logits_chunk_mib, token_logprobs  # noqa: E402

@@ -51,7 +51,8 @@ from _gain import measure, paired_se, scores  # benchmarks/, on the path when th
 from _harness import Bench, Timed, commit, load_avg, parser, write_plot, write_record
 
 from postrl.builtin_models import load_model
-from postrl.config import generation_limits, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import generation_limits
 from postrl.loop import train
 from postrl.monitor.alerts import Alert, read_alerts
 from postrl.monitor.report import alert_lines, read_evals

@@ -32,7 +32,7 @@ from pathlib import Path
 from _harness import Bench, parser, timed  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import resolve_model_path
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.learner import learner as update_module
 from postrl.loop import train
 

@@ -52,7 +52,7 @@ LORA = {"r": 16, "alpha": 32.0, "target_modules": ["q_proj", "k_proj", "v_proj",
 def _load(lora: bool):
     import torch
 
-    from postrl.config import LoraConfig
+    from postrl.config.schema import LoraConfig
     from postrl.model.load import load_model
     from postrl.model.lora import apply_lora
 
@@ -73,7 +73,7 @@ def _sequence(length: int, vocab: int):
 def arm_postrl(length: int) -> dict:
     import torch
 
-    from postrl.config import ModelConfig, RLConfig, TrainConfig
+    from postrl.config.schema import ModelConfig, RLConfig, TrainConfig
     from postrl.learner.learner import Learner
     from postrl.records import Batch
     from postrl.sampling.policy import Policy

@@ -47,7 +47,8 @@ from _harness import Bench, load_avg, parser  # benchmarks/, on the path when th
 
 from postrl import loop as loop_module
 from postrl import run as run_module
-from postrl.config import Config, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import Config
 from postrl.cost import StepCost, hardware, host_times, matmul_shapes, model_facts, step_cost, workload
 from postrl.learner.learner import Learner
 from postrl.store.rollouts import read_rows

@@ -16,7 +16,7 @@ import torch
 from _harness import parser  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
 from postrl.learner.learner import Learner

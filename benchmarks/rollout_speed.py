@@ -21,7 +21,7 @@ import time
 import torch
 
 from postrl.builtin_models import load_model, resolve_model_path
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
 from postrl.learner.learner import Learner

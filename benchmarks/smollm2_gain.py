@@ -23,7 +23,7 @@ from _gain import measure, report  # benchmarks/, on the path when this script r
 from _harness import Bench, Timed, parse_recipe_args, parser
 
 from postrl.builtin_models import load_model
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.loop import train
 from postrl.sampling.policy import Policy
 from postrl.tasks.catalog import make_domain

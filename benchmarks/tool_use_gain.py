@@ -30,7 +30,7 @@ import torch
 from _harness import Bench, parser, timed  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.evaluation import play
 from postrl.loop import train
 from postrl.sampling.generate import GenParams

@@ -25,7 +25,7 @@ import torch
 from _harness import Bench, parser  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model, resolve_model_path
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
 from postrl.evaluation import evaluate_domain

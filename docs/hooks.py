@@ -1,8 +1,8 @@
 """MkDocs hook: the config reference (docs/config.md) is generated from the config dataclasses.
 
-Every key of `postrl.config.Config` (monitors' settings included) and every domain's `params`
+Every key of `postrl.config.schema.Config` (monitors' settings included) and every domain's `params`
 dataclass (`*Params` in `postrl.tasks`) gets a row: dotted key, type, the values it allows (a
-`Literal`'s choices, a range: `postrl.config.allowed_of`), default and the docstring written
+`Literal`'s choices, a range: `postrl.config.fields.allowed_of`), default and the docstring written
 under the field. Nothing is copied by hand, so a new key cannot go undocumented:
 `tests/test_docs.py` fails when a field has no docstring, and `mkdocs build --strict` (run by
 `make test`) builds this page from the code of the checkout.
@@ -54,7 +54,7 @@ def default_of(f: dataclasses.Field) -> str:
 def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
     """(dotted key, type, default, doc, allowed) for every leaf field of a config dataclass, depth
     first; a nested dataclass is walked, its key the prefix of its fields."""
-    from postrl.config import allowed_of
+    from postrl.config.fields import allowed_of
 
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
@@ -97,7 +97,7 @@ def table(entries) -> str:
 
 def reference() -> str:
     """The whole generated reference, as Markdown."""
-    from postrl.config import Config
+    from postrl.config.schema import Config
 
     by_section: dict[str, list] = {}
     for row in rows(Config):
@@ -116,7 +116,7 @@ def reference() -> str:
 
 def undocumented() -> list[str]:
     """Keys whose field has no docstring (tests/test_docs.py requires none)."""
-    from postrl.config import Config
+    from postrl.config.schema import Config
 
     keys = [r[0] for r in rows(Config) if not r[3]]
     for where, cls in params_classes().items():

@@ -40,17 +40,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from postrl.config import (
-    Config,
-    DomainConfig,
-    from_dict,
-    generation_limits,
-    parse_override,
-    recipe_imports,
-    set_dotted,
-    to_dict,
-    validate,
-)
+from postrl.config.checks import validate
+from postrl.config.loading import from_dict, parse_override, recipe_imports, set_dotted, to_dict
+from postrl.config.schema import Config, DomainConfig, generation_limits
 from postrl.errors import UserError
 from postrl.extensions import load as load_extensions
 from postrl.extensions import load_recipe

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from postrl.config import Config, LoraConfig
+from postrl.config.schema import Config, LoraConfig
 from postrl.errors import UserError
 from postrl.model.fastlm import COVERED
 from postrl.model.logprobs import chunk_rows, logits_chunk_mib

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from postrl.builtin_models import load_model
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.evaluation import evaluate
 from postrl.loop import train
 from postrl.sampling.policy import Policy

@@ -132,7 +132,7 @@ def evaluate(
     progress: Progress | None = None, **kwargs,
 ) -> dict[str, dict[str, float]]:
     """Each domain's `evaluate_domain` record; `limits` gives a domain its own (max_new_tokens, stop
-    strings) in place of kwargs' max_new_tokens (`postrl.config.generation_limits`). `progress`,
+    strings) in place of kwargs' max_new_tokens (`postrl.config.schema.generation_limits`). `progress`,
     when given (not while training: its bar is live), counts the domains done, with an ETA.
 
     The single-turn domains are sampled together: every domain's greedy and sampled replies in one

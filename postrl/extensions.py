@@ -29,7 +29,8 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from postrl.config import Config, load_config, raw_recipe, recipe_imports
+from postrl.config.loading import load_config, raw_recipe, recipe_imports
+from postrl.config.schema import Config
 from postrl.errors import UserError
 
 ENV = "POSTRL_IMPORTS"
@@ -40,7 +41,7 @@ _loaded: dict[str, ModuleType] = {}
 
 
 def load_recipe(path: str | Path | None = None, overrides: list[str] = (), imports: list[str] = ()) -> Config:
-    """`postrl.config.load_config`, with the recipe's `imports` and `imports` loaded first."""
+    """`postrl.config.loading.load_config`, with the recipe's `imports` and `imports` loaded first."""
     load(recipe_imports(raw_recipe(path, overrides), imports))
     return load_config(path, overrides, imports)
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from postrl.config import Config
+from postrl.config.schema import Config
 from postrl.curriculum.dynamic import FillResult, fill_batch, passthrough
 from postrl.errors import UserError
 from postrl.extensions import load_recipe

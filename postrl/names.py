@@ -19,7 +19,7 @@ from typing import Protocol
 
 from postrl.algo.advantages import ADVANTAGES
 from postrl.algo.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSSES
-from postrl.config import Config, DomainConfig
+from postrl.config.schema import Config, DomainConfig
 from postrl.curriculum.schedule import SCHEDULES
 from postrl.engines.registry import ENGINES
 from postrl.engines.replay import PREFIX as REPLAY
@@ -85,7 +85,7 @@ def domain_params(param: str) -> Callable[[Config], list[tuple[str, str, str]]]:
 
 
 def params_key(key: str, d, param: str) -> str:
-    """`KEY.params.PARAM`; for a domain made by splitting a file (`split_by`, `postrl.config.split_domains`),
+    """`KEY.params.PARAM`; for a domain made by splitting a file (`split_by`, `postrl.config.checks.split_domains`),
     the entry the recipe wrote: `domains.NAME.params.verifiers.VALUE` for its verifier."""
     value = d.params.get("split_value")
     if isinstance(value, str) and value and key.endswith(f"/{value}"):

@@ -30,7 +30,8 @@ from postrl.abilities import Closeable, Finite, Stateful, WithGold
 from postrl.algo.kl_control import FixedKL, make_kl_controller
 from postrl.builtin_models import load_model, resolve_model_path
 from postrl.checkpoint import Checkpoint, CheckpointManager
-from postrl.config import Config, generation_limits, gold_graded_eval_domains, save_config
+from postrl.config.loading import save_config
+from postrl.config.schema import Config, generation_limits, gold_graded_eval_domains
 from postrl.curriculum.dynamic import FillResult
 from postrl.curriculum.sampler import TaskSampler
 from postrl.curriculum.schedule import make_schedule

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from postrl.config import Config
+from postrl.config.schema import Config
 from postrl.errors import ConfigError, UserError
 
 RUN_MARKS = ("config.yaml", "checkpoints", "rollouts", "metrics.jsonl", "final")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from postrl.builtin_models import load_model
-from postrl.config import DomainConfig, RLConfig, TrainConfig
+from postrl.config.schema import DomainConfig, RLConfig, TrainConfig
 from postrl.errors import ConfigError
 from postrl.learner.learner import Learner
 from postrl.model.logprobs import token_logprobs

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from postrl.algo.losses import ppo_clip, truncated_is_weight
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.engines import pipeline
 from postrl.errors import ConfigError
 from postrl.learner.learner import Learner, offpolicy_stats

@@ -9,7 +9,10 @@ from typing import Literal
 import pytest
 
 from postrl.cli import main
-from postrl.config import Choice, Config, ConfigError, Range, allowed_of, from_dict, load_config, ranged
+from postrl.config.fields import Choice, Range, allowed_of, ranged
+from postrl.config.loading import from_dict, load_config
+from postrl.config.schema import Config
+from postrl.errors import ConfigError
 
 RECIPE = "recipes/default.yaml"
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from postrl.checkpoint import CheckpointManager
-from postrl.config import ConfigError, CurriculumConfig, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import CurriculumConfig
 from postrl.curriculum.dynamic import fill_batch, has_signal
 from postrl.curriculum.sampler import TaskSampler
 from postrl.curriculum.schedule import (
@@ -20,6 +21,7 @@ from postrl.curriculum.schedule import (
     expected_learnability,
     make_schedule,
 )
+from postrl.errors import ConfigError
 from postrl.monitor.seesaw import seesaw_alerts
 from postrl.names import check_names
 from postrl.records import Sample, Score, Task

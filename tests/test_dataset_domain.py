@@ -15,7 +15,7 @@ import pytest
 
 from postrl.checkpoint import CheckpointManager
 from postrl.cli import main
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.errors import ConfigError, UserError
 from postrl.records import Response
 from postrl.rewards.extract import extract
@@ -313,7 +313,7 @@ def test_split_by_makes_one_domain_per_value_with_its_own_verifier(tmp_path):
 
 
 def to_plain(domains):
-    from postrl.config import to_dict
+    from postrl.config.loading import to_dict
 
     return {name: to_dict(d) for name, d in domains.items()}
 

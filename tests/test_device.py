@@ -21,7 +21,8 @@ from torch.utils._pytree import tree_flatten
 
 from postrl.builtin_models import load_model
 from postrl.cli import main
-from postrl.config import LoraConfig, ModelConfig, RLConfig, TrainConfig, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import LoraConfig, ModelConfig, RLConfig, TrainConfig
 from postrl.errors import ConfigError, UserError
 from postrl.learner.distributed import Ranks
 from postrl.learner.learner import Learner

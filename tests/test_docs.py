@@ -106,7 +106,7 @@ def test_recipe_block(block, tmp_path):
 
 @pytest.mark.parametrize("block", [b for b in ALL if b[3] == "snippet"], ids=case_id)
 def test_snippet_block(block, tmp_path):
-    from postrl.config import load_config
+    from postrl.config.loading import load_config
 
     recipe = tmp_path / "snippet.yaml"
     recipe.write_text(yaml.safe_dump(yaml.safe_load(block[5])))
@@ -153,7 +153,7 @@ def config_key_exists(key: str) -> bool:
     import dataclasses
     import typing
 
-    from postrl.config import Config
+    from postrl.config.schema import Config
     from postrl.tasks.dataset import DatasetParams
 
     tp, parts, i = Config, key.split("."), 0

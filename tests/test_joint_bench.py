@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.records import Response
 from postrl.tasks.catalog import build_domains
 

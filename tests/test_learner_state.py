@@ -15,7 +15,7 @@ from test_async import rows, run_train, same_weights, weights
 
 from postrl.builtin_models import load_model
 from postrl.checkpoint import CheckpointManager, sha256
-from postrl.config import RLConfig, TrainConfig
+from postrl.config.schema import RLConfig, TrainConfig
 from postrl.errors import ConfigError, UserError
 from postrl.learner.distributed import LoadState, Ranks, Update
 from postrl.learner.learner import Learner, check_whole_groups

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from postrl.builtin_models import load_model
-from postrl.config import LoraConfig, ModelConfig, RLConfig, TrainConfig
+from postrl.config.schema import LoraConfig, ModelConfig, RLConfig, TrainConfig
 from postrl.learner.learner import Learner
 from postrl.model import logprobs as logprobs_mod
 from postrl.model.fastlm import FastLM

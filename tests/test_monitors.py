@@ -297,14 +297,15 @@ def test_dump_samples_picks_highest_lowest_and_random(tmp_path, make_sample):
 def test_run_config_monitor_section_is_these_settings():
     """The loop's config tree holds the monitors' own settings class (postrl.monitor.settings), not
     a copy that could drift from it."""
-    import postrl.config as config
+    import postrl.config.schema as config
 
     assert typing.get_type_hints(config.Config)["monitor"] is MonitorConfig
 
 
 def test_monitor_settings_load_through_the_config_loader():
     """The settings use only types postrl.config can load from YAML and dotted overrides."""
-    from postrl.config import ConfigError, from_dict
+    from postrl.config.loading import from_dict
+    from postrl.errors import ConfigError
 
     cfg = from_dict(MonitorConfig, {
         "sinks": ["tensorboard", "mlflow"],

@@ -98,14 +98,14 @@ def test_the_train_command_exits_2_in_a_fresh_process(tmp_path):
 
 
 def test_the_default_recipes_name_only_registered_things():
-    from postrl.config import load_config
+    from postrl.config.loading import load_config
 
     for recipe in ("default", "multidomain", "hacking", "smollm2-arith", "smollm2-joint"):
         names.check_names(load_config(f"recipes/{recipe}.yaml"))
 
 
 def test_an_empty_domain_type_is_the_domains_key():
-    from postrl.config import load_config
+    from postrl.config.loading import load_config
 
     with pytest.raises(ConfigError) as e:
         names.check_names(load_config(RECIPE, ["domains.arith.weight=0.5", "domains.arth.weight=0.5"]))
@@ -113,7 +113,7 @@ def test_an_empty_domain_type_is_the_domains_key():
 
 
 def test_reward_models_and_the_domains_components_are_reward_terms():
-    from postrl.config import load_config
+    from postrl.config.loading import load_config
 
     overrides = ["domains={code: {reward: {compiles: 0.2, tests: 0.8, my_rm: 0.1, reward: 1.0}}}", "reward_models={my_rm: x}"]
     names.check_names(load_config(RECIPE, overrides))

@@ -111,7 +111,7 @@ def test_the_soft_overlong_penalty_lowers_the_rewards_of_long_completions_before
     from conftest import build_sample
 
     from postrl.builtin_models import load_model
-    from postrl.config import RLConfig, TrainConfig
+    from postrl.config.schema import RLConfig, TrainConfig
     from postrl.learner.learner import Learner
     from postrl.sampling.policy import Policy
 

@@ -4,7 +4,8 @@ memory per rank, the CPU probe, and the command's table. No timing is asserted."
 import pytest
 
 from postrl.cli import main
-from postrl.config import LoraConfig, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import LoraConfig
 from postrl.cost import (
     GPU_BANDWIDTH_SHARE,
     GPU_FLOPS_SHARE,

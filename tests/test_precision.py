@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from postrl.builtin_models import load_model
-from postrl.config import RLConfig, TrainConfig
+from postrl.config.schema import RLConfig, TrainConfig
 from postrl.learner.learner import Learner
 from postrl.learner.precision import MasterAdamW, make_optimizer
 from postrl.records import Task

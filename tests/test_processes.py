@@ -70,7 +70,7 @@ def test_a_killed_sampler_process_loses_no_sample(tiny_model_dir, tmp_path, monk
     logs = []
     from test_async import ARGS
 
-    from postrl.config import load_config
+    from postrl.config.loading import load_config
     from postrl.loop import train
 
     cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'killed'}",
@@ -102,7 +102,7 @@ def test_a_killed_multi_process_run_resumes_bitwise(tiny_model_dir, tmp_path, wh
 
 
 def test_samplers_are_refused_on_the_ray_engine():
-    from postrl.config import load_config
+    from postrl.config.loading import load_config
     from postrl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="pipeline.samplers"):
@@ -123,7 +123,7 @@ def test_weights_go_into_a_buffer_no_order_reads_and_orders_in_flight_keep_their
     an earlier version that no order in flight reads, else into a new one. At staleness 2 three
     versions can be in flight at once, so three sets are made, and then reused, and every order in
     flight still reads the weights of the moment it was submitted."""
-    from postrl.config import load_config
+    from postrl.config.loading import load_config
     from postrl.run import open_run
 
     cfg = load_config("recipes/default.yaml", [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'r'}",
@@ -169,7 +169,7 @@ def test_a_sampler_speaks_typed_messages(tiny_model_dir):
     from test_async import ARGS
 
     from postrl.builtin_models import load_model
-    from postrl.config import load_config
+    from postrl.config.loading import load_config
     from postrl.engines.pipeline import Order
     from postrl.records import Task
     from postrl.sampling.generate import GenParams

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ray>=2.30')")
 
-from postrl.config import load_config  # noqa: E402
+from postrl.config.loading import load_config  # noqa: E402
 from postrl.engines import ray_engine  # noqa: E402
 from postrl.errors import UserError  # noqa: E402
 from postrl.loop import train  # noqa: E402

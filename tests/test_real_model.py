@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from postrl.algo.losses import LOSS_AGGREGATIONS
 from postrl.builtin_models import load_model, resolve_model_path
-from postrl.config import LoraConfig, ModelConfig, RLConfig, TrainConfig
+from postrl.config.schema import LoraConfig, ModelConfig, RLConfig, TrainConfig
 from postrl.errors import UserError
 from postrl.learner.learner import Learner
 from postrl.model import lora as lora_mod

@@ -17,7 +17,8 @@ import postrl
 import postrl.evaluation as evaluation_module
 import postrl.monitor.monitors as monitors_module
 from postrl.cli import main
-from postrl.config import gold_graded_eval_domains, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import gold_graded_eval_domains
 from postrl.errors import ConfigError
 from postrl.evaluation import reward_stats
 from postrl.monitor.monitors import MonitorContext, ProxyGold, pooled_mean

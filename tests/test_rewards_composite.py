@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.errors import UserError
 from postrl.records import Response, Score, Task
 from postrl.rewards.composite import apply_terms

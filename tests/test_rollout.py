@@ -234,7 +234,7 @@ def test_shared_prefix_gradients_equal_per_row_gradients(tiny):
 
 def _lora_llama(**lora_kw):
     """A random grouped-query Llama with LoRA on five projections, its B factors made non-zero."""
-    from postrl.config import LoraConfig
+    from postrl.config.schema import LoraConfig
     from postrl.model.lora import apply_lora
 
     torch.manual_seed(0)

@@ -17,7 +17,8 @@ from test_monitors import run_monitors, trajectory
 from postrl.algo.correction import CORRECTIONS, correction_stats, mismatch_stats
 from postrl.algo.losses import truncated_is_weight
 from postrl.builtin_models import load_model
-from postrl.config import RolloutCorrectionConfig, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import RolloutCorrectionConfig
 from postrl.errors import ConfigError
 from postrl.learner import learner as learner_module
 from postrl.learner.learner import Learner, correction_mode

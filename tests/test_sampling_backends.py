@@ -10,7 +10,7 @@ import toy_backend
 from test_async import rows, run_train
 
 from postrl.builtin_models import load_model
-from postrl.config import RolloutConfig
+from postrl.config.schema import RolloutConfig
 from postrl.errors import ConfigError
 from postrl.records import Task
 from postrl.sampling.backends import SAMPLING_BACKENDS, PostrlBackend, SamplingBackend, make_backend

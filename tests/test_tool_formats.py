@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from postrl.builtin_models import load_model
-from postrl.config import DomainConfig, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import DomainConfig
 from postrl.errors import ConfigError
 from postrl.names import check_names
 from postrl.sampling.episodes import EpisodeLimits, sample_episodes

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import postrl
 from postrl.cli import main
-from postrl.config import load_config
+from postrl.config.loading import load_config
 from postrl.engines.pipeline import Order, generate
 from postrl.errors import ConfigError, UserError
 from postrl.extensions import load_recipe

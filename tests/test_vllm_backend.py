@@ -18,7 +18,8 @@ import pytest
 import torch
 from test_agents import FEEDBACK, Scripted
 
-from postrl.config import LoraConfig, RolloutConfig, load_config
+from postrl.config.loading import load_config
+from postrl.config.schema import LoraConfig, RolloutConfig
 from postrl.errors import ConfigError
 from postrl.loop import train
 from postrl.model.load import load_model

@@ -151,7 +151,7 @@ def _run_lines(cfg, model, work, hw, step, host: float) -> list[str]:
 
 
 def _memory_lines(cfg, model, work, hw, learners: int) -> list[str]:
-    from postrl.config import LoraConfig
+    from postrl.config.schema import LoraConfig
     from postrl.cost import GIB, Memory, memory_per_rank
 
     lora = cfg.model.lora if cfg.model.lora.r > 0 else LoraConfig(r=16)

@@ -50,7 +50,7 @@ a small weight, which doubles as review against forgetting.
 
 from __future__ import annotations
 
-from postrl.config import CurriculumConfig
+from postrl.config.schema import CurriculumConfig
 from postrl.curriculum.tracker import PassRates, group_outcomes
 from postrl.records import Sample, Task
 from postrl.registry import Registry

@@ -75,7 +75,7 @@ from typing import Any, Protocol
 
 import torch
 
-from postrl.config import Config, generation_limits
+from postrl.config.schema import Config, generation_limits
 from postrl.records import Sample, Score, Task
 from postrl.rewards.scoring import score_samples
 from postrl.sampling.episodes import EpisodeLimits, sample_episodes

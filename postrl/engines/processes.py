@@ -57,7 +57,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from postrl.config import Config
+from postrl.config.schema import Config
 from postrl.engines.pipeline import LocalScorer, Order, Pending, Pipeline, Rollout, generate, reward_terms
 from postrl.extensions import load as load_extensions
 from postrl.learner.distributed import next_order

@@ -43,7 +43,7 @@ import ray
 import torch
 
 from postrl.abilities import RunsCode
-from postrl.config import Config
+from postrl.config.schema import Config
 from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, reward_terms, run_order, score_chunk
 from postrl.engines.ray_sandbox import FleetSpec, RaySandbox, describe, start_sandbox_fleet
 from postrl.errors import UserError

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from postrl.config import Config
+from postrl.config.schema import Config
 from postrl.errors import UserError
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point

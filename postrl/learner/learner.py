@@ -50,7 +50,7 @@ from postrl.algo.losses import (
     truncated_is_weight,
 )
 from postrl.algo.overlong import soft_overlong_penalty
-from postrl.config import Config, ModelConfig, RLConfig, TrainConfig
+from postrl.config.schema import Config, ModelConfig, RLConfig, TrainConfig
 from postrl.errors import ConfigError
 from postrl.learner import sharded
 from postrl.learner.precision import make_optimizer

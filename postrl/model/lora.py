@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from postrl.config import LoraConfig
+from postrl.config.schema import LoraConfig
 from postrl.model.fastlm import FastLM
 from postrl.model.logprobs import hf_decoder_and_head
 

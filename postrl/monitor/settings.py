@@ -2,7 +2,7 @@
 
 Plain dataclasses in the style of `postrl.config` (the docstring under each field is its help
 text; a `Literal` type lists a field's choices), kept free of postrl imports so that
-`postrl/config.py` can hold this exact source.
+`postrl/config/schema.py` can hold this exact source.
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ class MonitorConfig:
     """Settings of extension monitors, {name: values}: written `monitor.NAME` in a recipe (see
     PLUGIN_SETTINGS); read as `cfg.monitor.NAME` like a built-in monitor's."""
 
-    EXTENSIONS = PLUGIN_SETTINGS  # not a field: the extra sections `postrl.config.from_dict` accepts
+    EXTENSIONS = PLUGIN_SETTINGS  # not a field: the extra sections `postrl.config.loading.from_dict` accepts
 
     def __getattr__(self, name: str):  # only reached for a name that is not a field
         settings = PLUGIN_SETTINGS.get(name)

@@ -33,7 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from postrl.config import RolloutConfig
+from postrl.config.schema import RolloutConfig
 from postrl.errors import ConfigError
 from postrl.registry import Registry
 from postrl.sampling.generate import Generation, GenParams, generate

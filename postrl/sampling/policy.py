@@ -9,7 +9,7 @@ from dataclasses import astuple, replace
 
 import torch
 
-from postrl.config import RolloutConfig
+from postrl.config.schema import RolloutConfig
 from postrl.records import Sample, Task
 from postrl.sampling.backends import SAMPLING_BACKENDS, SamplingBackend, backend_factory, make_backend
 from postrl.sampling.generate import Generation, GenParams

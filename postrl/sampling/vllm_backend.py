@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from postrl.config import RolloutConfig
+from postrl.config.schema import RolloutConfig
 from postrl.model.lora import is_lora, merged_weights
 from postrl.sampling.generate import Generation, GenParams
 

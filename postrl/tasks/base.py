@@ -111,6 +111,8 @@ def strict_score(response: Response, right: bool) -> Score:
 
 def parse_params(cls: type, params: dict[str, Any], domain: str) -> Any:
     """Validate a domain's `params` mapping into its own dataclass, with config-style errors."""
-    from postrl.config import from_dict  # config is a leaf module; imported here to keep this one light
+    from postrl.config.loading import (
+        from_dict,  # config is a leaf module; imported here to keep this one light
+    )
 
     return from_dict(cls, params, prefix=f"domains.{domain}.params.")

@@ -13,7 +13,7 @@ A recipe's domain is registered under `domains.NAME.type`, or NAME when the type
 The recipe's key is the domain's name: its tasks carry it, and it keys weights, reward terms and
 metrics. The trainer and the Ray reward actor both build their domains here, the same way. A dataset
 entry split by a column (`split_by`, one domain per value) is already one entry per value when it
-gets here: the config splits it (`postrl.config.split_domains`), so that every lookup by name
+gets here: the config splits it (`postrl.config.checks.split_domains`), so that every lookup by name
 (weights, reward terms, generation limits, sampler processes) sees the same domains.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from postrl.abilities import check_abilities
-from postrl.config import Config
+from postrl.config.schema import Config
 from postrl.rewards.verifiers import VerifierSettings, make_verifier
 from postrl.tasks import arith, chat_arith, chat_count, code, code_retry, dataset, mul, rgym, sort  # noqa: F401  (each registers its domains)
 from postrl.tasks.base import DOMAINS, Domain

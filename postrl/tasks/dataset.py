@@ -28,7 +28,7 @@ A param that names a column takes a dotted path into nested values (`lookup`): P
 JSON objects and `datasets` features, `reward_model.ground_truth`, `{extra_info.question}` in a
 prompt, a number indexing a list (`prompt.0.content`); a column whose own name has a dot wins.
 
-`split_by`: the config makes one domain per value of `verifiers` (`postrl.config.split_domains`,
+`split_by`: the config makes one domain per value of `verifiers` (`postrl.config.checks.split_domains`,
 named `NAME/VALUE`, each with `split_value` and every `split_values`); each reads the whole file and
 keeps its value's rows. A row whose value has no verifier is a bad row, reported once, by the first
 of them, as a row that belongs to none of them is.

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from postrl.abilities import Closeable, DeclaresComponents, Judged, Resettable
-from postrl.config import Config, DomainConfig
+from postrl.config.schema import Config, DomainConfig
 from postrl.records import Episode as EpisodeRecord
 from postrl.records import Response, Score, Task
 from postrl.rewards.sandbox_handle import SandboxHandle
