@@ -42,7 +42,8 @@ from postrl.evaluation import EVAL_AGGREGATES, evaluate
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
 from postrl.learner.distributed import start_learners
-from postrl.learner.learner import Learner, UpdateStats, correction_mode
+from postrl.learner.learner import Learner, UpdateStats
+from postrl.learner.offpolicy import correction_mode
 from postrl.model.device import model_device, resolve_device
 from postrl.model.lora import apply_lora, load_policy_weights, make_reference, save_policy
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples

@@ -14,7 +14,8 @@ from postrl.algo.losses import ppo_clip, truncated_is_weight
 from postrl.config.loading import load_config
 from postrl.engines import pipeline
 from postrl.errors import ConfigError
-from postrl.learner.learner import Learner, offpolicy_stats
+from postrl.learner.learner import Learner
+from postrl.learner.offpolicy import offpolicy_stats
 from postrl.loop import train
 from postrl.records import Batch
 from postrl.store.rollouts import read_rows

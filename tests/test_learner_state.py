@@ -17,8 +17,9 @@ from postrl.builtin_models import load_model
 from postrl.checkpoint import CheckpointManager, sha256
 from postrl.config.schema import RLConfig, TrainConfig
 from postrl.errors import ConfigError, UserError
+from postrl.learner.batch import check_whole_groups
 from postrl.learner.distributed import LoadState, Ranks, Update
-from postrl.learner.learner import Learner, check_whole_groups
+from postrl.learner.learner import Learner
 from postrl.loop import resume_config, train
 from postrl.records import Task
 from postrl.run import CHECKPOINT_FORMAT, upgrade_checkpoint_state

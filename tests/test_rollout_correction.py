@@ -20,8 +20,10 @@ from postrl.builtin_models import load_model
 from postrl.config.loading import load_config
 from postrl.config.schema import RolloutCorrectionConfig
 from postrl.errors import ConfigError
+from postrl.learner import batch as batch_module
 from postrl.learner import learner as learner_module
-from postrl.learner.learner import Learner, correction_mode
+from postrl.learner.learner import Learner
+from postrl.learner.offpolicy import correction_mode
 from postrl.monitor.monitors import MonitorConfig, build_monitors
 from postrl.records import Task
 from postrl.sampling.generate import GenParams
@@ -149,7 +151,8 @@ def forwards(monkeypatch) -> list[int]:
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(learner_module, "token_logprobs", counted)
+    monkeypatch.setattr(learner_module, "token_logprobs", counted)  # the update's passes
+    monkeypatch.setattr(batch_module, "token_logprobs", counted)  # build_batch's (reference, proximal)
     return calls
 
 

@@ -60,8 +60,8 @@ import torch.multiprocessing as mp
 from postrl.config.schema import Config
 from postrl.engines.pipeline import LocalScorer, Order, Pending, Pipeline, Rollout, generate, reward_terms
 from postrl.extensions import load as load_extensions
+from postrl.learner.batch import reference_logprobs
 from postrl.learner.distributed import next_order
-from postrl.learner.learner import reference_logprobs
 from postrl.model.device import model_device
 from postrl.model.lora import make_reference
 from postrl.records import Sample

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from postrl.engines.pipeline import Order, Pipeline, Rollout
 from postrl.errors import UserError
-from postrl.learner.learner import check_whole_groups
+from postrl.learner.batch import check_whole_groups
 from postrl.records import Sample
 from postrl.store.rollouts import read_rows, shard_steps
 

@@ -35,7 +35,6 @@ forward before any optimiser step (with data-parallel ranks: rank 0's share of t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,18 +49,23 @@ from postrl.algo.losses import (
     truncated_is_weight,
 )
 from postrl.algo.overlong import soft_overlong_penalty
-from postrl.config.schema import Config, ModelConfig, RLConfig, TrainConfig
-from postrl.errors import ConfigError
+from postrl.config.schema import ModelConfig, RLConfig, TrainConfig
 from postrl.learner import sharded
+from postrl.learner.batch import (
+    check_whole_groups,
+    completion_length,
+    completion_rows,
+    logprobs_into,
+    micro_batches,
+    padded_rows,
+)
+from postrl.learner.offpolicy import Probe, offpolicy_stats
 from postrl.learner.precision import make_optimizer
+from postrl.learner.ranks import LearnerRanks
 from postrl.model.device import model_device
 from postrl.model.logprobs import hf_decoder_and_head, token_logprobs
 from postrl.records import Batch, Sample
-from postrl.sampling.backends import SAMPLING_BACKENDS
 from postrl.sampling.policy import Policy
-
-if TYPE_CHECKING:  # distributed imports this module (its ranks build a Learner)
-    from postrl.learner.distributed import Ranks
 
 
 @dataclass
@@ -88,7 +92,7 @@ class UpdateStats:
 class Learner:
     def __init__(self, policy: Policy, ref_model, train: TrainConfig, rl: RLConfig,
                  model_cfg: ModelConfig | None = None, is_cap: float = 2.0, proximal: str = "trainer",
-                 ranks: Ranks | None = None, correction: str = "none"):
+                 ranks: LearnerRanks | None = None, correction: str = "none"):
         self.policy, self.ref_model, self.train_cfg, self.rl = policy, ref_model, train, rl
         self.is_cap = is_cap
         """Truncation of the behaviour->proximal importance weight on stale batches."""
@@ -113,7 +117,7 @@ class Learner:
                 policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.forward_model = _ModuleForward(policy.model)
         self.ranks = ranks
-        """`postrl.learner.distributed.Ranks` with `train.learners` > 1: this rank's share, the reductions."""
+        """With `train.learners` > 1 its ranks (`LearnerRanks`: `postrl.learner.distributed.Ranks`): this rank's share, the reductions."""
         self.sharded = ranks is not None and ranks.sharded
         self.model = policy.model
         """The model the update trains: the policy's, or with `train.shard: fsdp` its sharded copy
@@ -208,12 +212,12 @@ class Learner:
         `Sample.ref_logprobs`), and the advantages. `samples`: whole groups of
         `train.samples_per_prompt`, contiguous (a ValueError otherwise)."""
         check_whole_groups([s.group for s in samples], self.train_cfg.samples_per_prompt)
-        ids, attn, loss_mask, old = (t.to(self.device) for t in _padded_rows(samples, self.policy.tok.pad_token_id))
+        ids, attn, loss_mask, old = (t.to(self.device) for t in padded_rows(samples, self.policy.tok.pad_token_id))
         temps = torch.tensor([s.temperature for s in samples], device=self.device)
         ref = None
         if self.ref_model is not None and self.rl.kl_coef > 0:
             if all(s.ref_logprobs is not None for s in samples):
-                ref = _completion_rows(samples, [s.ref_logprobs for s in samples], old.shape[1]).to(self.device)
+                ref = completion_rows(samples, [s.ref_logprobs for s in samples], old.shape[1]).to(self.device)
             else:
                 ref = self._logprobs(self.ref_model, torch.arange(len(samples), device=self.device), ids, attn,
                                      loss_mask, temps, out=torch.zeros_like(old))
@@ -291,7 +295,7 @@ class Learner:
         size = batch.input_ids.shape[0] // self.train_cfg.minibatches
         totals: dict[str, float] = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ent": 0.0, "clip": 0.0, "gn": 0.0}
         kl_max, steps = 0.0, 0
-        probe = _Probe.of(batch) if self.correction == "none" else None  # a correction measured in build_batch
+        probe = Probe.of(batch) if self.correction == "none" else None  # a correction measured in build_batch
         for epoch in range(self.train_cfg.ppo_epochs):
             # drawn on the generator's device (the CPU's seeded stream): the same order on every device
             order = torch.randperm(batch.input_ids.shape[0], generator=generator, device=generator.device)
@@ -334,7 +338,7 @@ class Learner:
         for name, value in weights.items():
             params[name].copy_(value)
 
-    def _offpolicy_stats(self, batch: Batch, probe: _Probe | None) -> dict[str, float]:
+    def _offpolicy_stats(self, batch: Batch, probe: Probe | None) -> dict[str, float]:
         """The mismatch on the fresh rows the learner forwarded at their sampling version: with a
         correction, every fresh row (its proximal pass); without, the fresh rows of this rank's
         share of the first minibatch (the loss's own forward, before the first optimiser step).
@@ -354,7 +358,7 @@ class Learner:
         return CORRECTIONS.get(self.correction)(prox - behav, mask, rc.cap, rc.low)
 
     def _accumulate(self, batch: Batch, mb: torch.Tensor, kl_coef: float, totals: dict[str, float],
-                    sample_entropy: torch.Tensor | None, probe: _Probe | None) -> float:
+                    sample_entropy: torch.Tensor | None, probe: Probe | None) -> float:
         """The minibatch `mb`'s gradient (this rank's share of it, with data-parallel ranks) and
         weighted loss terms added to `totals`; returns its largest token KL. Gradient accumulation:
         each micro-batch's loss is weighted by its share of the minibatch's aggregation
@@ -385,7 +389,7 @@ class Learner:
                              self.train_cfg.pack_sequences)
 
     def _micro_loss(self, batch: Batch, rows: torch.Tensor, kl_coef: float, sample_entropy,
-                    probe: _Probe | None = None):
+                    probe: Probe | None = None):
         """(loss, its terms as floats) of `rows`, aggregated over these rows only (the caller
         reweights them); `probe` keeps the learner's log-probs of them."""
         rl = self.rl
@@ -423,159 +427,6 @@ class Learner:
             loss = loss - rl.entropy_coef * ent_mean
         return loss, {"loss": float(loss.detach()), "pg": float(pg.detach()), "kl": float(kl_mean.detach()),
                       "ent": float(ent_mean.detach()), "clip": st.clip_frac, "kl_max": kl_max}
-
-
-def completion_length(sample: Sample) -> int:
-    """Tokens of a completion as the soft overlong penalty counts them: all of a single turn's; an
-    episode's longest model turn (each turn is cut at max_new_tokens on its own)."""
-    if sample.episode is None:
-        return len(sample.completion_ids)
-    return max((t.tokens for t in sample.episode.turns if t.role == "assistant"), default=0)
-
-
-@dataclass
-class _Probe:
-    """The learner's log-probs of the rows the update forwards first, before its first optimiser
-    step: on fresh rows, the sampling version's, so the mismatch is measured with no extra pass."""
-
-    logp: torch.Tensor
-    """[B, T-1], written on the kept rows."""
-    rows: torch.Tensor
-    """[B] bool: the rows kept."""
-
-    @classmethod
-    def of(cls, batch: Batch) -> _Probe:
-        return cls(torch.zeros_like(batch.old_logprobs), torch.zeros_like(batch.advantages, dtype=torch.bool))
-
-    def keep(self, rows: torch.Tensor, logp: torch.Tensor) -> None:
-        self.logp[rows, : logp.shape[1]] = logp.detach()
-        self.rows[rows] = True
-
-
-def correction_mode(cfg: Config) -> str:
-    """`rl.rollout_correction.mode` resolved: auto is seq_mask where the sampling backend's
-    log-probs are not the learner's numerics (`BackendFacts.learner_numerics`), none where they are.
-    A correction with `pipeline.proximal: behaviour` (no learner pass to weigh against) is a ConfigError."""
-    mode = shown = cfg.rl.rollout_correction.mode
-    if mode == "auto":
-        mode = "none" if SAMPLING_BACKENDS.facts(cfg.rollout.backend).learner_numerics else "seq_mask"
-        shown = f"auto ({mode} for rollout.backend {cfg.rollout.backend})"
-    if mode != "none" and cfg.pipeline.proximal == "behaviour":
-        raise ConfigError(f"config key 'rl.rollout_correction.mode' = {shown!r}: a correction needs the learner's "
-                          f"log-probs, which pipeline.proximal: behaviour skips; set pipeline.proximal=trainer or "
-                          f"rl.rollout_correction.mode=none")
-    return mode
-
-
-def micro_batches(mb: torch.Tensor, attention_mask: torch.Tensor, size: int, budget: int,
-                  packed: bool) -> list[torch.Tensor]:
-    """`mb`'s rows in order, cut into micro-batches of at most `size` rows (`model.micro_batch_size`,
-    0 = no limit) and `budget` tokens (`train.max_tokens_per_microbatch`: the forward's tokens,
-    padded rows x longest row, or the rows' sum when packed); a row over the budget alone makes a
-    micro-batch."""
-    size = size or len(mb)
-    if not budget:
-        return [mb[i : i + size] for i in range(0, len(mb), size)]
-    lengths = attention_mask[mb].sum(-1).tolist()
-    out, start = [], 0
-    for end in range(1, len(mb) + 1):
-        span = lengths[start:end]
-        cost = sum(span) if packed else len(span) * max(span)
-        if end - start > 1 and (end - start > size or cost > budget):
-            out.append(mb[start : end - 1])
-            start = end - 1
-    out.append(mb[start:])
-    return out
-
-
-@torch.no_grad()
-def logprobs_into(model, micros: list[torch.Tensor], ids, attn, loss_mask, temps, out: torch.Tensor, pack: bool,
-                  chunk_mib: float) -> torch.Tensor:
-    """`out` with `model`'s log-probs of the completion tokens written into the rows of `micros`, one
-    micro-batch at a time (a forward over the whole batch is a memory spike with a large
-    vocabulary), each cut to its longest row."""
-    for micro in micros:
-        width = int(attn[micro].sum(-1).max())
-        logp, _ = token_logprobs(model, ids[micro, :width], attn[micro, :width], temps[micro],
-                                 needed=loss_mask[micro, : width - 1], pack=pack, chunk_mib=chunk_mib)
-        out[micro, : width - 1] = logp * loss_mask[micro, : width - 1]
-    return out
-
-
-def reference_logprobs(ref_model, samples: list[Sample], pad_id: int, train: TrainConfig, model_cfg: ModelConfig,
-                       device: torch.device) -> list[list[float]]:
-    """Each sample's reference log-probs over its completion, computed exactly as
-    `Learner.build_batch` computes them for a batch of these samples in this order. A sampler
-    process calls this on its order (`pipeline.reference: sampler`), so a batch made of one order
-    gets the very numbers the learner would have computed."""
-    ids, attn, loss_mask, old = (t.to(device) for t in _padded_rows(samples, pad_id))
-    temps = torch.tensor([s.temperature for s in samples], device=device)
-    rows = torch.arange(len(samples), device=device)
-    micros = micro_batches(rows, attn, model_cfg.micro_batch_size, train.max_tokens_per_microbatch,
-                           train.pack_sequences)
-    out = logprobs_into(ref_model, micros, ids, attn, loss_mask, temps, torch.zeros_like(old),
-                        pack=train.pack_sequences, chunk_mib=model_cfg.logits_chunk_mib).cpu()
-    return [out[i, len(s.prompt_ids) - 1 : len(s.prompt_ids) - 1 + len(s.completion_ids)].tolist()
-            for i, s in enumerate(samples)]
-
-
-def _padded_rows(samples: list[Sample], pad: int):
-    """Right-padded prompt+completion rows on the CPU: ids, attention [B, T]; loss mask and
-    behaviour log-probs [B, T-1], where position t predicts token t+1 (the mask is 0 on the
-    observation tokens of multi-turn samples, `Sample.loss_mask`). Rows are padded as lists and
-    made into each tensor in one call: a slice assignment per row costs more than the row."""
-    rows = [s.prompt_ids + s.completion_ids for s in samples]
-    width = max(map(len, rows))
-    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=torch.long, device="cpu")
-    attn = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows], dtype=torch.long, device="cpu")
-    # a multi-turn episode's observation tokens (tool results, feedback) are context, not
-    # actions: masked out of the loss and the KL like the prompt
-    masks = [[1.0] * len(s.completion_ids) if s.loss_mask is None else s.loss_mask for s in samples]
-    loss_mask = _completion_rows(samples, masks, width - 1)
-    old = _completion_rows(samples, [s.logprobs for s in samples], width - 1)
-    return ids, attn, loss_mask, old
-
-
-def _completion_rows(samples: list[Sample], values: list[list[float]], width: int) -> torch.Tensor:
-    """[B, width] zeros with each sample's per-completion-token values at its completion's
-    positions: position t predicts token t+1, so a completion's values start at len(prompt) - 1."""
-    rows = []
-    for s, v in zip(samples, values):
-        start = len(s.prompt_ids) - 1
-        rows.append([0.0] * start + list(v) + [0.0] * (width - start - len(v)))
-    return torch.tensor(rows, dtype=torch.float32, device="cpu")
-
-
-def offpolicy_stats(batch: Batch, cap: float) -> dict[str, float]:
-    """Behaviour-vs-proximal mismatch over a batch's completion tokens.
-
-    mismatch_kl: k3 estimate of KL(pi_behav || pi_prox), sampled from pi_behav (the tokens drawn);
-    is_weight_mean: mean truncated weight; is_truncated: share of tokens whose weight hit the cap."""
-    if batch.prox_logprobs is None:
-        return {}
-    mask = batch.loss_mask  # [B, T-1]
-    n = mask.sum().clamp(min=1)
-    kl = kl_estimate(batch.old_logprobs, batch.prox_logprobs, "k3")  # log r = prox - behav
-    raw = torch.exp(batch.prox_logprobs - batch.old_logprobs)
-    w = truncated_is_weight(batch.prox_logprobs, batch.old_logprobs, cap)
-    return {
-        "offpolicy/mismatch_kl": float((kl * mask).sum() / n),
-        "offpolicy/is_weight_mean": float((w * mask).sum() / n),
-        "offpolicy/is_truncated": float(((raw > cap).float() * mask).sum() / n),
-    }
-
-
-def check_whole_groups(groups: list[int], size: int) -> None:
-    """A ValueError unless `groups` (each sample's `Sample.group`, in batch order) are whole groups of
-    `size` samples, each group's samples contiguous: the advantages view the rewards as [G, size]."""
-    chunks = [groups[i : i + size] for i in range(0, len(groups), size)]
-    firsts = [chunk[0] for chunk in chunks]
-    if len(groups) % size == 0 and all(g == chunk[0] for chunk in chunks for g in chunk) \
-            and len(set(firsts)) == len(firsts):
-        return
-    shown = ", ".join(map(str, groups[:32])) + (", ..." if len(groups) > 32 else "")
-    raise ValueError(f"a batch must hold whole groups of train.samples_per_prompt = {size} samples, each group's "
-                     f"samples contiguous; got {len(groups)} samples of groups {shown}")
 
 
 class _ModuleForward:
