@@ -175,11 +175,14 @@ def vllm_part(label: str, model, prompts: list[list[int]], gen, args, device, re
     backend = VllmBackend(model, SimpleNamespace(eos_token_id=None), cfg)  # no EOS: every row samples `new`
     start_s = time.perf_counter() - t0
     syncs = []
-    for version in range(3):  # one call per policy version: the first load, then two more
-        _, s = timed(device, lambda v=version: backend.load_weights(v))
-        syncs.append(s)
-    backend.generate(prompts, GenParams(2, temperature=1.0), gen)  # warm-up
-    gens, seconds = timed(device, lambda: backend.generate(prompts, GenParams(new, temperature=1.0), gen))
+    try:
+        for version in range(3):  # one call per policy version: the first load, then two more
+            _, s = timed(device, lambda v=version: backend.load_weights(v))
+            syncs.append(s)
+        backend.generate(prompts, GenParams(2, temperature=1.0), gen)  # warm-up
+        gens, seconds = timed(device, lambda: backend.generate(prompts, GenParams(new, temperature=1.0), gen))
+    finally:
+        backend.close()  # its process group too: the FSDP2 section needs the default group for its own
     report("vllm", gens, seconds)
     sync_ms = sorted(syncs)[1] * 1000
     print(f"{label} vllm: engine start {start_s:.1f} s; weight sync {sync_ms:.1f} ms per version (median of 3)",

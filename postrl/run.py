@@ -205,6 +205,7 @@ class Run:
     def finish(self, step: int) -> None:
         self.engine.close()
         self.learner.close()
+        self.policy.close()  # its sampling backend: vLLM's engine and process group
         save_model(self.policy, self.dir / "final")
         for d in [*self.domains.values(), *self.eval_domains.values()]:
             for part in (d, d.gold if isinstance(d, WithGold) else None):  # its monitoring-only gold scorer too

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -142,6 +143,17 @@ def writes_stay_in_tmp():
     changed = [str(path) for path, before in _session["before"].items() if _listing(path) != before]
     if changed:
         pytest.fail("the test suite wrote outside its temporary directories: " + ", ".join(changed))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_process_group_left_behind(request):
+    """After a test module, torch.distributed's default group is gone: a module that leaves one (an
+    engine not closed) would make the next module's sharded learner on this worker refuse to start."""
+    yield
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()  # the next module starts clean; this one fails
+        pytest.fail(f"{request.module.__name__} left torch.distributed's default process group behind")
 
 
 def build_sample(

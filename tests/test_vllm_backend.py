@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 from test_agents import FEEDBACK, Scripted
 
 from postrl.config.loading import load_config
@@ -58,7 +59,8 @@ def pair(model_dir, before_engine):
     model, tok = load_model(str(model_dir), log=lambda *a: None)
     vllm = Policy(model, tok, rollout=VLLM)
     assert isinstance(vllm.backend, VllmBackend)  # the engine starts here
-    return vllm, Policy(model, tok)
+    yield vllm, Policy(model, tok)
+    vllm.close()
 
 
 def test_the_engine_leaves_this_processs_threads_and_environment_as_they_were(pair, before_engine):
@@ -135,12 +137,13 @@ def test_multi_turn_episodes_equal_postrls_token_for_token(pair):
         assert max(abs(a - b) for a, b, m in zip(g.logprobs, w.logprobs, g.loss_mask) if m) < TOL
 
 
-def test_a_sync_after_a_large_update_moves_the_engine_to_the_new_weights(model_dir):
+def test_a_sync_after_a_large_update_moves_the_engine_to_the_new_weights(model_dir, request):
     """The engine samples the old weights until the policy's version changes, then the new ones:
     the sync is what changed its outputs (the CPU backend repacks weights, so a load that did
     nothing would not show in any weight checksum)."""
     model, tok = load_model(str(model_dir), log=lambda *a: None)
     policy = Policy(model, tok, rollout=VLLM)
+    request.addfinalizer(policy.close)
     before = policy.sample(TASKS, 4, GenParams(8), torch.Generator().manual_seed(1))
     old = recomputed(model, before)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)  # one large step towards each sample's first token
@@ -165,7 +168,7 @@ def recomputed_old(model_dir, samples):
     return recomputed(model, samples)
 
 
-def test_a_lora_policy_is_synced_with_its_adapters_merged(model_dir):
+def test_a_lora_policy_is_synced_with_its_adapters_merged(model_dir, request):
     model, tok = load_model(str(model_dir), log=lambda *a: None)
     model = apply_lora(model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj", "o_proj"]))
     gen = torch.Generator().manual_seed(0)
@@ -174,6 +177,7 @@ def test_a_lora_policy_is_synced_with_its_adapters_merged(model_dir):
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)  # adapters that change the outputs
     vllm, own = Policy(model, tok, rollout=VLLM), Policy(model, tok)
+    request.addfinalizer(vllm.close)
     got, want = vllm.sample(TASKS, 1, GenParams(8, greedy=True)), own.sample(TASKS, 1, GenParams(8, greedy=True))
     assert [s.completion_ids for s in got] == [s.completion_ids for s in want]
     sampled = vllm.sample(TASKS, 4, GenParams(8), torch.Generator().manual_seed(0))
@@ -303,3 +307,21 @@ def test_a_killed_vllm_run_resumes_bitwise(trained, model_dir, tmp_path):
 
     want, got = (load_file(run / "final" / "model.safetensors") for run in (trained, tmp_path / "run"))
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_closed_engine_takes_down_its_process_group_and_a_new_one_starts(pair, model_dir):
+    """vLLM's engine makes torch.distributed's default group in this process; closing the policy
+    takes it down (a sharded learner started next needs its own), and an engine built after that
+    makes it again and samples. Last in the module: it closes the module's engine (its fixture's
+    close is then a no-op). Any engine's shutdown takes the group down, the others' too (vLLM's own)."""
+    vllm, own = pair
+    vllm.close()
+    assert not dist.is_initialized()
+    model, tok = load_model(str(model_dir), log=lambda *a: None)
+    again = Policy(model, tok, rollout=VLLM)
+    try:
+        got, want = again.sample(TASKS, 1, GenParams(8, greedy=True)), own.sample(TASKS, 1, GenParams(8, greedy=True))
+        assert [s.completion_ids for s in got] == [s.completion_ids for s in want] and dist.is_initialized()
+    finally:
+        again.close()
+    assert not dist.is_initialized()

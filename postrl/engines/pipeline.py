@@ -509,6 +509,7 @@ class ThreadedEngine(Pipeline):
         self._orders.put(None)
         self._threads[0].join(timeout=60)
         self.scorer.close()
+        self.rollout_policy.close()
         torch.set_num_threads(self._torch_threads)
 
 

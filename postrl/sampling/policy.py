@@ -9,6 +9,7 @@ from dataclasses import astuple, replace
 
 import torch
 
+from postrl.abilities import Closeable
 from postrl.config.schema import RolloutConfig
 from postrl.records import Sample, Task
 from postrl.sampling.backends import SAMPLING_BACKENDS, SamplingBackend, backend_factory, make_backend
@@ -41,6 +42,13 @@ class Policy:
         if self._backend is None:
             self._backend = make_backend(self.rollout, self.model, self.tok)
         return self._backend
+
+    def close(self) -> None:
+        """Stop the backend, when it holds more than the model (vLLM's engine, its process group);
+        the next sampling call builds it again."""
+        if isinstance(self._backend, Closeable):
+            self._backend.close()
+        self._backend, self._synced = None, None
 
     def load_weights(self, state: dict | None, version: int) -> None:
         """New weights to sample with: `state` copied into the model (None: the model holds them

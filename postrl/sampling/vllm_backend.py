@@ -133,6 +133,14 @@ class VllmBackend:
         _keep_process_state(threads, set_threads, env)
         self.version: int | None = None
 
+    def close(self) -> None:
+        """Stop the engine. vLLM's shutdown also takes down the torch.distributed state of this
+        process (its groups and the default group under them: vLLM runs one engine a process), so a
+        sharded learner started later in the same process (FSDP2 needs a default group of its own)
+        or a new engine starts clean."""
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
+
     def load_weights(self, version: int) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": merged_weights(self.model)})
         self.llm.reset_prefix_cache()
