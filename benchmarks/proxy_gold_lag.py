@@ -31,7 +31,8 @@ from types import SimpleNamespace
 
 from _harness import parser  # benchmarks/, on the path when this script runs
 
-from postrl.monitor.monitors import ProxyGold, ProxyGoldConfig
+from postrl.monitor.proxy_gold import ProxyGold
+from postrl.monitor.settings import ProxyGoldConfig
 
 PEAK_STEP, BASE, PEAK = 4, 0.27, 0.46
 HELDOUT = 256

@@ -6,7 +6,7 @@
 `reward_mean` is over the sampled replies the verifier could grade (`n_scored` of them), with its
 standard error `reward_sem`; for a verifier that pays 0 or 1 it is pass@1 (up to the unverified). The
 `proxy_gold` monitor pools it, for an eval-only domain graded by a gold scorer, with the gold of the
-trained samples (`postrl.monitor.monitors.ProxyGold`).
+trained samples (`postrl.monitor.proxy_gold.ProxyGold`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from postrl.engines.replay import PREFIX as REPLAY
 from postrl.errors import ConfigError
 from postrl.evaluation import EVAL_AGGREGATES
 from postrl.monitor.alerts import ALERT_ACTIONS
-from postrl.monitor.monitors import MONITORS
+from postrl.monitor.monitors import MONITORS  # its import registers the built-in monitors
 from postrl.monitor.settings import HELDOUT_AUTO
 from postrl.monitor.sinks import SINKS
 from postrl.registry import Registry

@@ -47,7 +47,8 @@ from postrl.learner.offpolicy import correction_mode
 from postrl.model.device import model_device, resolve_device
 from postrl.model.lora import apply_lora, load_policy_weights, make_reference, save_policy
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples
-from postrl.monitor.monitors import MonitorContext, Monitors, build_monitors
+from postrl.monitor.base import MonitorContext
+from postrl.monitor.monitors import Monitors, build_monitors
 from postrl.monitor.report import REPORT_FILE, write_report
 from postrl.monitor.seesaw import seesaw_alerts
 from postrl.monitor.sinks import MultiSink, make_sinks

@@ -446,7 +446,7 @@ def episode_sample(calls: list[tuple[str, str]]):
 
 
 def test_tool_loop_monitor_fires_on_episodes_that_repeat_one_call():
-    from postrl.monitor.monitors import ToolLoop
+    from postrl.monitor.on_episodes import ToolLoop
     from postrl.monitor.settings import ToolLoopConfig
 
     monitor = ToolLoop(ToolLoopConfig(min_repeats=3, max_share=0.25, patience_steps=2), None)
@@ -460,7 +460,7 @@ def test_tool_loop_monitor_fires_on_episodes_that_repeat_one_call():
 
 
 def test_tool_errors_monitor_fires_on_a_high_or_rising_error_rate():
-    from postrl.monitor.monitors import ToolErrors
+    from postrl.monitor.on_episodes import ToolErrors
     from postrl.monitor.settings import ToolErrorsConfig
 
     monitor = ToolErrors(ToolErrorsConfig(max_rate=0.5, min_rise=0.2, window_steps=3), None)

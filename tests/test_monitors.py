@@ -15,16 +15,10 @@ from rich.console import Console
 
 from postrl.errors import UserError
 from postrl.monitor.alerts import Alert, AlertLog, dump_samples, read_alerts
-from postrl.monitor.monitors import (
-    MONITORS,
-    MonitorConfig,
-    MonitorContext,
-    Tampering,
-    TamperingConfig,
-    Trigger,
-    build_monitors,
-    repeat_fraction,
-)
+from postrl.monitor.base import MonitorContext, Trigger
+from postrl.monitor.monitors import MONITORS, build_monitors
+from postrl.monitor.on_samples import Tampering, repeat_fraction
+from postrl.monitor.settings import MonitorConfig, TamperingConfig
 
 STEPS = 30
 # As a recipe would weight them: correctness counts, the answer-tag format term adds a little.
@@ -362,7 +356,8 @@ def test_a_rollback_drops_the_checkpoints_of_the_abandoned_branch(tmp_path):
 
 
 def test_proxy_gold_asks_a_rollback_for_the_weights_of_its_gold_peak(make_sample):
-    from postrl.monitor.monitors import ProxyGold, ProxyGoldConfig
+    from postrl.monitor.proxy_gold import ProxyGold
+    from postrl.monitor.settings import ProxyGoldConfig
 
     monitor = ProxyGold(ProxyGoldConfig(action="rollback", smooth_steps=1), None)
     fired = []  # gold peaks at step 1, dips within min_gold_drop, then falls while the proxy climbs

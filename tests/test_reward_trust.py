@@ -15,13 +15,14 @@ from conftest import build_sample
 
 import postrl
 import postrl.evaluation as evaluation_module
-import postrl.monitor.monitors as monitors_module
+import postrl.monitor.proxy_gold as proxy_gold_module
 from postrl.cli import main
 from postrl.config.loading import load_config
 from postrl.config.schema import gold_graded_eval_domains
 from postrl.errors import ConfigError
 from postrl.evaluation import reward_stats
-from postrl.monitor.monitors import MonitorContext, ProxyGold, pooled_mean
+from postrl.monitor.base import MonitorContext
+from postrl.monitor.proxy_gold import ProxyGold, pooled_mean
 from postrl.monitor.settings import ProxyGoldConfig
 from postrl.names import check_names
 from postrl.records import Score
@@ -394,7 +395,7 @@ def test_a_run_pools_the_held_out_gold_of_its_eval_domain_graded_by_the_gold(tin
 
 
 def test_the_docstring_examples_of_pooled_gold_and_eval_rewards_hold():
-    for module in (monitors_module, evaluation_module):
+    for module in (proxy_gold_module, evaluation_module):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

@@ -24,7 +24,8 @@ from postrl.learner import batch as batch_module
 from postrl.learner import learner as learner_module
 from postrl.learner.learner import Learner
 from postrl.learner.offpolicy import correction_mode
-from postrl.monitor.monitors import MonitorConfig, build_monitors
+from postrl.monitor.monitors import build_monitors
+from postrl.monitor.settings import MonitorConfig
 from postrl.records import Task
 from postrl.sampling.generate import GenParams
 from postrl.sampling.policy import Policy

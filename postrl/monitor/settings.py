@@ -214,7 +214,7 @@ class ProxyGoldConfig:
 
 PLUGIN_SETTINGS: dict[str, type] = {}
 """Settings dataclasses of the monitors that extensions register (`register_monitor(NAME,
-settings=...)` in `postrl.monitor.monitors`), by monitor name. A recipe sets them at
+settings=...)`, `postrl.monitor.base`), by monitor name. A recipe sets them at
 `monitor.NAME`, like a built-in monitor's; `postrl.config` parses and checks them against the
 dataclass (flat fields: str, int, float, bool and lists or dicts of them) and keeps the values,
 plain, in `MonitorConfig.plugins`, so a config pickles without the extension's classes."""
