@@ -51,7 +51,7 @@ from gpu_step import build, flops_per_token, matmul_peak, sync, timed  # noqa: E
 
 from postrl.config.loading import load_config, recipe_path  # noqa: E402
 from postrl.config.schema import LoraConfig, RolloutConfig, VllmConfig
-from postrl.cost import GPU_PRESETS  # noqa: E402
+from postrl.cost.hardware import GPU_PRESETS  # noqa: E402
 from postrl.learner.precision import make_optimizer  # noqa: E402
 from postrl.model.logprobs import logits_chunk_mib, token_logprobs  # noqa: E402
 from postrl.model.lora import apply_lora  # noqa: E402

@@ -49,7 +49,10 @@ from postrl import loop as loop_module
 from postrl import run as run_module
 from postrl.config.loading import load_config
 from postrl.config.schema import Config
-from postrl.cost import StepCost, hardware, host_times, matmul_shapes, model_facts, step_cost, workload
+from postrl.cost.hardware import hardware
+from postrl.cost.host import host_times
+from postrl.cost.shape import matmul_shapes, model_facts, workload
+from postrl.cost.step import StepCost, step_cost
 from postrl.learner.learner import Learner
 from postrl.store.rollouts import read_rows
 

@@ -6,17 +6,18 @@ import pytest
 from postrl.cli import main
 from postrl.config.loading import load_config
 from postrl.config.schema import LoraConfig
-from postrl.cost import (
+from postrl.cost.hardware import (
+    COMMON_NAMES,
     GPU_BANDWIDTH_SHARE,
     GPU_FLOPS_SHARE,
     GPU_PRESETS,
-    ModelFacts,
-    Workload,
     hardware,
-    learner_flops,
-    memory_per_rank,
+    preset_name,
     probe_cpu,
 )
+from postrl.cost.memory import memory_per_rank
+from postrl.cost.shape import ModelFacts, Workload
+from postrl.cost.step import learner_flops
 from postrl.errors import UserError
 
 RECIPE = "recipes/default.yaml"
@@ -62,6 +63,19 @@ def test_a_custom_spec_is_three_positive_numbers():
 def test_an_unknown_name_lists_the_presets():
     with pytest.raises(UserError, match="unknown hardware 'h1000': one of cpu, h200, h100-pcie, h100-sxm"):
         hardware("h1000")
+
+
+def test_the_common_names_mean_their_presets_and_say_so():
+    assert hardware("h100") == hardware("h100-sxm") and hardware("h100").name == "h100-sxm"
+    assert hardware("a100") == hardware("a100-80gb") and hardware("a100").name == "a100-80gb"
+    assert hardware("H100") == hardware("h100-sxm") and hardware("L40S").name == "l40s"  # any case
+    assert (preset_name("h100"), preset_name("a100"), preset_name("h100-pcie"), preset_name("h1000")) == (
+        "h100-sxm", "a100-80gb", "h100-pcie", None)
+    assert set(COMMON_NAMES.values()) <= set(GPU_PRESETS)
+    with pytest.raises(UserError) as unknown:
+        hardware("b200")
+    assert str(unknown.value) == ("unknown hardware 'b200': one of cpu, h200, h100-pcie, h100-sxm, a100-80gb, l40s, l4 "
+                                  "(h100 = h100-sxm, a100 = a100-80gb), or custom:tflops=T,tbps=B,gib=G")
 
 
 def test_lora_adapters_are_r_times_in_plus_out_per_targeted_layer():
@@ -134,10 +148,19 @@ def test_plan_prints_every_phase_the_run_and_memory_per_rank(capsys):
         assert label in out, label
 
 
+def test_plan_takes_a_common_name_and_states_the_preset_it_meant(capsys):
+    code, out, _ = in_process(["plan", RECIPE, "--hardware", "h100"], capsys)
+    assert code == 0
+    assert "hardware               h100-sxm (the preset 'h100' means): 989 TFLOP/s dense bf16" in out
+    _, sxm, _ = in_process(["plan", RECIPE, "--hardware", "h100-sxm"], capsys)
+    assert "hardware               h100-sxm: 989 TFLOP/s" in sxm  # a preset's own name: nothing to say
+
+
 def test_plan_refuses_unknown_hardware_in_one_line(capsys):
     code, out, err = in_process(["plan", RECIPE, "--hardware", "tpu"], capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "unknown hardware 'tpu'" in err and "custom:tflops=T" in err
+    assert "h100 = h100-sxm, a100 = a100-80gb" in err  # the common names among the known ones
 
 
 def test_lora_without_dropout_is_fused_and_samples_with_the_adapters_folded_in():
@@ -146,7 +169,7 @@ def test_lora_without_dropout_is_fused_and_samples_with_the_adapters_folded_in()
     import dataclasses
     import types
 
-    from postrl.cost import hardware, sampling_seconds
+    from postrl.cost.step import sampling_seconds
 
     llama = dataclasses.replace(FACTS, config=types.SimpleNamespace(model_type="llama"))
     plain, dropped = LoraConfig(r=2, target_modules=["q_proj"]), LoraConfig(r=2, target_modules=["q_proj"], dropout=0.1)

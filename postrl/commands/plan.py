@@ -2,8 +2,9 @@
 
 With --hardware NAME, also what one step and the whole run cost on that hardware (postrl.cost):
 seconds per phase, what bounds a step, what a pipelined run would gain, memory per learner rank.
-NAME: cpu (this machine, measured now), a GPU preset (h200, h100-sxm, h100-pcie, a100-80gb, l40s, l4)
-or custom:tflops=T,tbps=B,gib=G. The formulas and their assumptions: docs/hardware.md.
+NAME: cpu (this machine, measured now), a GPU preset (h200, h100-sxm, h100-pcie, a100-80gb, l40s, l4;
+h100 and a100 are h100-sxm and a100-80gb, and the table says which preset a name meant) or
+custom:tflops=T,tbps=B,gib=G. The formulas and their assumptions: docs/hardware.md.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def add_parser(sub) -> None:
                    help="a user module (name or .py file) that registers domains, verifiers, reward terms "
                         "or monitors; loaded before the recipe is checked (repeatable)")
     p.add_argument("--hardware", metavar="NAME", help="cpu, a GPU preset (h200, h100-sxm, h100-pcie, a100-80gb, "
-                                                       "l40s, l4) or custom:tflops=T,tbps=B,gib=G")
+                                                       "l40s, l4; h100 = h100-sxm, a100 = a100-80gb) or "
+                                                       "custom:tflops=T,tbps=B,gib=G")
     p.add_argument("--learners", type=int, metavar="N", help="learner ranks for memory per rank, replicated and "
                                                                "sharded (default: train.learners)")
     p.add_argument("--prompt-tokens", type=float, metavar="N", help="mean prompt length in tokens (default: "
@@ -37,7 +39,7 @@ def run(args) -> int:
     cfg = load_recipe(args.recipe, args.overrides, args.imports)
     check_names(cfg)
     if args.hardware:
-        from postrl.cost import check_hardware
+        from postrl.cost.hardware import check_hardware
 
         check_hardware(args.hardware)
     t = cfg.train
@@ -63,19 +65,22 @@ def run(args) -> int:
 def cost_lines(cfg, hardware_name: str, learners: int, prompt_tokens: float | None,
                completion_tokens: float | None) -> list[str]:
     """The cost table: hardware, model, the step's phases, the run, memory per rank."""
-    from postrl.cost import hardware, host_times, matmul_shapes, model_facts, step_cost, workload
+    from postrl.cost.hardware import hardware
+    from postrl.cost.host import host_times
+    from postrl.cost.shape import matmul_shapes, model_facts, workload
+    from postrl.cost.step import step_cost
 
     model, tok = model_facts(cfg)
     work = workload(cfg, tok, prompt_tokens, completion_tokens)
     hw = hardware(hardware_name, cfg.run.threads, matmul_shapes(cfg, model, work), cfg.model.dtype)
     host = host_times(cfg, model, work, tok, on_cpu=not hw.accelerator)
     step = step_cost(cfg, model, work, hw, host)
-    return [*_setting_lines(cfg, hw, model, work), *_phase_lines(cfg, model, work, hw, step, host),
+    return [*_setting_lines(cfg, hardware_name, hw, model, work), *_phase_lines(cfg, model, work, hw, step, host),
             *_bound_lines(step), *_run_lines(cfg, model, work, hw, step, host.decode_step),
             *_memory_lines(cfg, model, work, hw, learners)]
 
 
-def _setting_lines(cfg, hw, model, work) -> list[str]:
+def _setting_lines(cfg, name: str, hw, model, work) -> list[str]:
     lora = cfg.model.lora
     if hw.accelerator:
         device = (f"{hw.peak_flops / 1e12:g} TFLOP/s dense bf16 x {hw.flops_share:.2f} assumed = "
@@ -89,7 +94,7 @@ def _setting_lines(cfg, hw, model, work) -> list[str]:
                if lora.r > 0 else f"every weight ({_count(model.params)})")
     lines = [
         "",
-        f"hardware               {hw.name}: {device} ({hw.source})",
+        f"hardware               {hw.name}{_meant(name, hw)}: {device} ({hw.source})",
         f"model                  {cfg.model.name}: {_count(model.params)} parameters, {model.layers} layers, hidden "
         f"{model.hidden}, {model.heads} heads ({model.kv_heads} kv) of {model.head_dim}, vocab {model.vocab}",
         f"trained                {trained}, {cfg.model.dtype}",
@@ -105,7 +110,7 @@ def _setting_lines(cfg, hw, model, work) -> list[str]:
 
 
 def _phase_lines(cfg, model, work, hw, step, host) -> list[str]:
-    from postrl.cost import extra_forwards, learner_flops, sync_bytes
+    from postrl.cost.step import extra_forwards, learner_flops, sync_bytes
 
     forward, epoch = learner_flops(cfg, model, work, attention=hw.accelerator)
     measured = "host, overlapped" if hw.accelerator else "measured here, added"
@@ -142,7 +147,7 @@ def _bound_lines(step) -> list[str]:
 
 
 def _run_lines(cfg, model, work, hw, step, host: float) -> list[str]:
-    from postrl.cost import eval_seconds, evals_in_run
+    from postrl.cost.step import eval_seconds, evals_in_run
 
     evals, one_eval = evals_in_run(cfg), eval_seconds(cfg, model, work, hw, host)
     total = cfg.train.total_steps * step.step_s + evals * one_eval
@@ -152,7 +157,8 @@ def _run_lines(cfg, model, work, hw, step, host: float) -> list[str]:
 
 def _memory_lines(cfg, model, work, hw, learners: int) -> list[str]:
     from postrl.config.schema import LoraConfig
-    from postrl.cost import GIB, Memory, memory_per_rank
+    from postrl.cost.hardware import GIB
+    from postrl.cost.memory import Memory, memory_per_rank
 
     lora = cfg.model.lora if cfg.model.lora.r > 0 else LoraConfig(r=16)
     columns = [("every weight", LoraConfig(r=0), False), (f"LoRA r {lora.r}", lora, False)]
@@ -170,6 +176,11 @@ def _memory_lines(cfg, model, work, hw, learners: int) -> list[str]:
     lines.append(f"  the recipe trains {trained}, {cfg.model.dtype}, on {cfg.train.learners} learner(s), train.shard "
                  f"{cfg.train.shard}; per rank of {ranks}")
     return lines
+
+
+def _meant(name: str, hw) -> str:
+    """Which preset a name the user typed meant, where it is not the preset's own ("h100": h100-sxm)."""
+    return f" (the preset {name!r} means)" if hw.name != name else ""
 
 
 def _duration(seconds: float) -> str:
