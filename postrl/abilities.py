@@ -50,7 +50,7 @@ class RunsCode(Protocol):
     """Runs programs in a sandbox pool that the Ray engine may host as its own actors instead."""
 
     def sandbox_config(self) -> Any:
-        """The local pool's `postrl.sandbox.pool.SandboxConfig`; None when it uses a sandbox server."""
+        """The local pool's `postrl.sandbox.runs.SandboxConfig`; None when it uses a sandbox server."""
 
     def use_sandbox(self, backend: Any) -> None: ...
 

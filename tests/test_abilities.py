@@ -12,7 +12,7 @@ from postrl.abilities import Closeable, Finite, RunsCode, Stateful, check_abilit
 from postrl.errors import UserError
 from postrl.rewards.code_verifier import CODE_COMPONENTS, WEIGHTS
 from postrl.rewards.verifiers import VERIFIERS, VerifierSettings, verifier_facts
-from postrl.sandbox.pool import SandboxConfig
+from postrl.sandbox.runs import SandboxConfig
 from postrl.sandbox.settings import SandboxSettings
 from postrl.tasks.base import DOMAINS, register_domain
 from postrl.tasks.catalog import make_domain

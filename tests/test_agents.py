@@ -19,7 +19,8 @@ from postrl.records import Response, Task
 from postrl.sampling.episodes import EpisodeLimits, observation_ids, sample_episodes
 from postrl.sampling.generate import GenParams
 from postrl.sampling.policy import Policy
-from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import SandboxConfig, SandboxUnavailable
 from postrl.tasks.catalog import make_domain
 from postrl.tasks.env import ToolEnv
 from postrl.tools.base import TOOLS, ToolCall, ToolContext, describe, parse_call, register_tool, run_call

@@ -17,7 +17,8 @@ from postrl.config.loading import load_config  # noqa: E402
 from postrl.engines import ray_engine  # noqa: E402
 from postrl.errors import UserError  # noqa: E402
 from postrl.loop import train  # noqa: E402
-from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable  # noqa: E402
+from postrl.sandbox.pool import SandboxPool  # noqa: E402
+from postrl.sandbox.runs import RunRequest, SandboxConfig, SandboxUnavailable  # noqa: E402
 from postrl.store.rollouts import read_rows  # noqa: E402
 
 ARGS = [

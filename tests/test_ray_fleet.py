@@ -16,7 +16,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from test_ray import needs_sandbox  # noqa: E402
 
 from postrl.engines.ray_sandbox import FleetSpec, RaySandbox, describe, start_sandbox_fleet  # noqa: E402
-from postrl.sandbox.pool import RunRequest, SandboxConfig  # noqa: E402
+from postrl.sandbox.runs import RunRequest, SandboxConfig  # noqa: E402
 
 ONE_WORKER = SandboxConfig(workers=1)  # each actor takes one run at a time: a burst queues at once
 

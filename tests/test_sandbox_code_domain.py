@@ -9,7 +9,8 @@ import pytest
 
 from postrl.errors import UserError
 from postrl.records import Response
-from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import RunRequest, SandboxConfig, SandboxUnavailable
 from postrl.tasks.catalog import make_domain
 from postrl.tasks.code import ALPHABET
 

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import RunRequest, SandboxConfig, SandboxUnavailable
 
 
 def test_pool_scales_up_under_load_and_back_down_when_idle():

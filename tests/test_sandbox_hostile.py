@@ -18,7 +18,8 @@ import threading
 
 import pytest
 
-from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import RunRequest, SandboxConfig, SandboxUnavailable
 
 
 def _pool(**kw) -> SandboxPool:

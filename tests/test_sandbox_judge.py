@@ -19,7 +19,8 @@ from postrl.sandbox.judge import (
     code_reward,
     split_test,
 )
-from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import SandboxConfig, SandboxUnavailable
 
 ADD = CodeProblem(
     "add",

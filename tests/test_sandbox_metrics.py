@@ -13,7 +13,8 @@ import urllib.request
 
 import pytest
 
-from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import SandboxConfig, SandboxUnavailable
 from postrl.sandbox.server import SPARE_THREADS, SandboxServer
 
 parser = pytest.importorskip("prometheus_client.parser", reason="pip install -e '.[tracking]'")

@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import SandboxConfig, SandboxUnavailable
 from postrl.sandbox.server import MAX_BODY_BYTES, SandboxServer
 
 IO_TIMEOUT_S = 1.0

@@ -16,7 +16,8 @@ from sandbox_fusion.models import CommandRunStatus
 from postrl.cli import main as cli_main
 from postrl.sandbox.client import RemoteSandbox
 from postrl.sandbox.judge import CodeJudge, CodeProblem
-from postrl.sandbox.pool import RunRequest, SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import RunRequest, SandboxConfig, SandboxUnavailable
 from postrl.sandbox.server import SandboxServer
 
 

@@ -15,7 +15,8 @@ from postrl.errors import ConfigError, UserError
 from postrl.records import Response, Task
 from postrl.rewards.code_verifier import infer_entry_point, read_tests
 from postrl.rewards.verifiers import VerifierSettings, check_verifier, make_verifier
-from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import SandboxConfig, SandboxUnavailable
 from postrl.tasks import dataset  # noqa: F401  (registers every verifier, as a run has them)
 
 TESTS_DIR = str(Path(__file__).resolve().parent)

@@ -48,7 +48,8 @@ def _common(p) -> None:
 
 
 def _pool(args, **extra):
-    from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
+    from postrl.sandbox.pool import SandboxPool
+    from postrl.sandbox.runs import SandboxConfig, SandboxUnavailable
 
     cfg = SandboxConfig(workers=args.workers, memory_mb=args.memory_mb, allow_unisolated=args.allow_unisolated,
                         allow_unisolated_key="--allow-unisolated", **extra)

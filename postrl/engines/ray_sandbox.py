@@ -53,7 +53,8 @@ from typing import Any
 import ray
 
 from postrl.errors import UserError
-from postrl.sandbox.pool import RunRequest, RunResult, SandboxConfig, SandboxPool
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import RunRequest, RunResult, SandboxConfig
 
 _log = logging.getLogger("postrl.engines.ray_sandbox")
 _TICK_S = 0.1

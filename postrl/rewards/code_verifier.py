@@ -38,7 +38,7 @@ from postrl.rewards.extract import make_extractor
 from postrl.rewards.sandbox_handle import SandboxHandle
 from postrl.rewards.verifiers import VERIFIERS, VerifierSettings
 from postrl.sandbox.judge import CodeJudge, CodeProblem, CodeVerdict, JudgeLimits, RewardWeights, code_reward
-from postrl.sandbox.pool import RunRequest, RunResult, SandboxConfig
+from postrl.sandbox.runs import RunRequest, RunResult, SandboxConfig
 
 TEST_STYLES = ("assert", "check", "io")
 WEIGHTS = RewardWeights(compiles=0.2, tests=0.8, timeout=0.1, memory=0.1, output=0.1)

@@ -15,7 +15,8 @@ import threading
 
 from postrl.errors import UserError
 from postrl.sandbox.client import RemoteSandbox
-from postrl.sandbox.pool import SandboxConfig, SandboxPool, SandboxUnavailable
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import SandboxConfig, SandboxUnavailable
 from postrl.sandbox.settings import SandboxSettings
 
 

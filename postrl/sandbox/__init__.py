@@ -1,7 +1,9 @@
 """Isolated execution of untrusted, model-written programs.
 
 This package imports nothing from the rest of postrl, and this file imports nothing at all:
-`postrl.sandbox.pool` holds the pool (`SandboxPool`, `SandboxConfig`, `RunRequest`, `RunResult`).
+`postrl.sandbox.pool` holds the pool (`SandboxPool`: a free worker per request, elastic),
+`postrl.sandbox.worker` a worker's life (started isolated, handed runs, stopped), and
+`postrl.sandbox.runs` what a run is (`SandboxConfig`, `RunRequest`, `RunResult`).
 
 Threat model
 ============

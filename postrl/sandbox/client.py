@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from postrl.sandbox.pool import RunRequest, RunResult
+from postrl.sandbox.runs import RunRequest, RunResult
 
 _RUN_STATUS = {"Finished": "finished", "TimeLimitExceeded": "timeout", "Error": "error"}
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from postrl.sandbox.pool import RunRequest, RunResult
+from postrl.sandbox.runs import RunRequest, RunResult
 
 _RUNTIME = (Path(__file__).parent / "_runtime.py").read_text()
 MARK = "\x1ePOSTRL-RECORD "

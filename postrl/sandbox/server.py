@@ -33,7 +33,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from postrl.sandbox.metrics import CONTENT_TYPE, ServerMetrics
-from postrl.sandbox.pool import LANGUAGES, RunRequest, RunResult, SandboxPool
+from postrl.sandbox.pool import SandboxPool
+from postrl.sandbox.runs import LANGUAGES, RunRequest, RunResult
 
 MAX_BODY_BYTES = 64 << 20
 SPARE_THREADS = 32

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from postrl.sandbox.pool import SandboxConfig
+from postrl.sandbox.runs import SandboxConfig
 
 DEFAULT_TIMEOUT_S = 10.0
 """A program's test run (or a user reward call) is stopped after this long: the pool's own default

@@ -40,7 +40,7 @@ from postrl.records import Response, Score, Task
 from postrl.rewards.code_verifier import CODE_COMPONENTS, WEIGHTS, score_verdict
 from postrl.rewards.sandbox_handle import SandboxHandle
 from postrl.sandbox.judge import CodeJudge, CodeProblem, JudgeLimits, RewardWeights
-from postrl.sandbox.pool import SandboxConfig
+from postrl.sandbox.runs import SandboxConfig
 from postrl.sandbox.settings import SandboxSettings
 from postrl.tasks.base import heldout_by_level, is_heldout, parse_params, register_domain
 

@@ -16,7 +16,7 @@ import ast
 import operator
 from typing import Any
 
-from postrl.sandbox.pool import RunRequest
+from postrl.sandbox.runs import RunRequest
 from postrl.tools.base import TOOLS, ToolContext, ToolResult, function_schema, truncate
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
