@@ -18,7 +18,7 @@ from _harness import parser  # benchmarks/, on the path when this script runs
 from postrl.builtin_models import load_model
 from postrl.config.loading import load_config
 from postrl.curriculum.sampler import TaskSampler
-from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
+from postrl.engines.orders import attach_scores, reward_terms, score_chunk
 from postrl.learner.learner import Learner
 from postrl.model.fastlm import FastLM
 from postrl.model.lora import make_reference

@@ -23,7 +23,7 @@ import torch
 from postrl.builtin_models import load_model, resolve_model_path
 from postrl.config.loading import load_config
 from postrl.curriculum.sampler import TaskSampler
-from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
+from postrl.engines.orders import attach_scores, reward_terms, score_chunk
 from postrl.learner.learner import Learner
 from postrl.model.fastlm import shared_prefixes
 from postrl.model.lora import make_reference

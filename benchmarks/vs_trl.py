@@ -27,7 +27,7 @@ from _harness import Bench, parser  # benchmarks/, on the path when this script 
 from postrl.builtin_models import load_model, resolve_model_path
 from postrl.config.loading import load_config
 from postrl.curriculum.sampler import TaskSampler
-from postrl.engines.pipeline import attach_scores, reward_terms, score_chunk
+from postrl.engines.orders import attach_scores, reward_terms, score_chunk
 from postrl.evaluation import evaluate_domain
 from postrl.learner.learner import Learner
 from postrl.model.lora import make_reference

@@ -120,7 +120,7 @@ class Episode:
 class Sample:
     """One completion. Who fills what: the policy's sampler makes it (every field down to
     `policy_version`, and `timings["sample_s"]`); the engine that ran it attaches `score` and
-    `timings["reward_s"]` (`postrl.engines.pipeline.Pending.result`); the learner sets
+    `timings["reward_s"]` (`postrl.engines.orders.Pending.result`); the learner sets
     `advantage` and `kl_penalty` when it builds the step's batch (`Learner.build_batch`). Dynamic
     sampling renumbers `group` on copies (`dataclasses.replace`), never on the sampler's objects."""
 

@@ -35,7 +35,8 @@ from postrl.config.schema import Config, generation_limits, gold_graded_eval_dom
 from postrl.curriculum.dynamic import FillResult
 from postrl.curriculum.sampler import TaskSampler
 from postrl.curriculum.schedule import make_schedule
-from postrl.engines.pipeline import Pipeline, Rollout
+from postrl.engines.orders import Rollout
+from postrl.engines.pipeline import Pipeline
 from postrl.engines.registry import ENGINES
 from postrl.errors import UserError
 from postrl.evaluation import EVAL_AGGREGATES, evaluate

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from postrl.algo.losses import ppo_clip, truncated_is_weight
 from postrl.config.loading import load_config
-from postrl.engines import pipeline
+from postrl.engines import local, orders
 from postrl.errors import ConfigError
 from postrl.learner.learner import Learner
 from postrl.learner.offpolicy import offpolicy_stats
@@ -143,10 +143,10 @@ def test_threaded_pipeline_at_staleness_0_equals_the_synchronous_loop(tiny_model
     threaded = []
 
     def threaded_engine(policy, domains, cfg, log):  # the threaded pipeline forced at max_staleness 0
-        threaded.append(pipeline.ThreadedEngine(policy, domains, cfg, log, split_cores=False))
+        threaded.append(local.ThreadedEngine(policy, domains, cfg, log, split_cores=False))
         return threaded[-1]
 
-    monkeypatch.setattr(pipeline, "make_local_engine", threaded_engine)
+    monkeypatch.setattr(local, "make_local_engine", threaded_engine)
     asyn = run_train(tiny_model_dir, tmp_path / "threaded", "train.total_steps=3")
     assert threaded and not any(t.is_alive() for t in threaded[0]._threads)  # it ran, and was closed
     assert same_weights(weights(sync), weights(asyn))
@@ -157,8 +157,8 @@ def test_threaded_pipeline_at_staleness_0_equals_the_synchronous_loop(tiny_model
 def test_staleness_never_exceeds_the_bound(tiny_model_dir, tmp_path, monkeypatch, slow):
     k, steps = 2, 5
     if slow == "sampler":
-        original = pipeline.generate
-        monkeypatch.setattr(pipeline, "generate", lambda *a, **k: (time.sleep(0.3), original(*a, **k))[1])
+        original = orders.generate
+        monkeypatch.setattr(orders, "generate", lambda *a, **k: (time.sleep(0.3), original(*a, **k))[1])
     else:
         original = Learner.update
         monkeypatch.setattr(Learner, "update", lambda *a: (time.sleep(0.3), original(*a))[1])
@@ -234,7 +234,7 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
     policy = Policy(model, tok, max_batch=4)  # 4 samples per prompt: one group per generation chunk
     domains = build_domains(cfg)
     tasks = [domains["arith"].sample(random.Random(i)) for i in range(4)]
-    order = pipeline.Order(0, tasks, [1.0] * 16, 0)
+    order = orders.Order(0, tasks, [1.0] * 16, 0)
 
     chunks, graded = [], []  # (start, end) of each generation chunk; (start, task ids) of each score call
     real_generate = backends_module.generate
@@ -253,15 +253,15 @@ def test_groups_are_scored_while_later_groups_generate(tiny_model_dir, monkeypat
 
     monkeypatch.setattr(backends_module, "generate", slow_generate)
     register_term("test_slow")(slow_term)
-    scorer = pipeline.LocalScorer(domains, pipeline.reward_terms(cfg))
+    scorer = orders.LocalScorer(domains, orders.reward_terms(cfg))
     try:
-        rollout = pipeline.run_order(policy, order, cfg, scorer).result()
+        rollout = orders.run_order(policy, order, cfg, scorer).result()
         during, spans = list(graded), list(chunks)
         monkeypatch.undo()
         after = policy.sample(tasks, 4, GenParams(cfg.train.max_new_tokens, 1.0, 1.0),
                               step_generator(cfg.seed, 0, 0), [1.0] * 16)
         # the same samples, scored once all exist
-        pipeline.attach_scores(after, pipeline.score_chunk(after, domains, pipeline.reward_terms(cfg)))
+        orders.attach_scores(after, orders.score_chunk(after, domains, orders.reward_terms(cfg)))
     finally:
         scorer.close()
         TERMS.remove("test_slow")

@@ -170,7 +170,7 @@ def test_a_sampler_speaks_typed_messages(tiny_model_dir):
 
     from postrl.builtin_models import load_model
     from postrl.config.loading import load_config
-    from postrl.engines.pipeline import Order
+    from postrl.engines.orders import Order
     from postrl.records import Task
     from postrl.sampling.generate import GenParams
     from postrl.sampling.policy import Policy

@@ -286,7 +286,7 @@ def test_a_rollout_worker_samples_with_the_named_backend_and_loads_each_version_
     import toy_backend
 
     from postrl.builtin_models import load_model
-    from postrl.engines.pipeline import Order, score_chunk
+    from postrl.engines.orders import Order, score_chunk
     from postrl.records import Task
     from postrl.tasks.catalog import build_domains
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import postrl
 from postrl.cli import main
 from postrl.config.loading import load_config
-from postrl.engines.pipeline import Order, generate
+from postrl.engines.orders import Order, generate
 from postrl.errors import ConfigError, UserError
 from postrl.extensions import load_recipe
 from postrl.records import Response, Task

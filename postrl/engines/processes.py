@@ -58,7 +58,8 @@ import torch
 import torch.multiprocessing as mp
 
 from postrl.config.schema import Config
-from postrl.engines.pipeline import LocalScorer, Order, Pending, Pipeline, Rollout, generate, reward_terms
+from postrl.engines.orders import LocalScorer, Order, Pending, Rollout, generate, reward_terms
+from postrl.engines.pipeline import Pipeline
 from postrl.extensions import load as load_extensions
 from postrl.learner.batch import reference_logprobs
 from postrl.learner.distributed import next_order

@@ -44,7 +44,8 @@ import torch
 
 from postrl.abilities import RunsCode
 from postrl.config.schema import Config
-from postrl.engines.pipeline import Order, Pipeline, Rollout, Scored, reward_terms, run_order, score_chunk
+from postrl.engines.orders import Order, Rollout, Scored, reward_terms, run_order, score_chunk
+from postrl.engines.pipeline import Pipeline
 from postrl.engines.ray_sandbox import FleetSpec, RaySandbox, describe, start_sandbox_fleet
 from postrl.errors import UserError
 from postrl.extensions import load as load_extensions

@@ -31,7 +31,7 @@ def local(policy, domains, cfg, log):
         from postrl.engines.processes import ProcessEngine
 
         return ProcessEngine(policy, domains, cfg, log)
-    from postrl.engines.pipeline import make_local_engine
+    from postrl.engines.local import make_local_engine
 
     return make_local_engine(policy, domains, cfg, log)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from postrl.engines.pipeline import Order, Pipeline, Rollout
+from postrl.engines.orders import Order, Rollout
+from postrl.engines.pipeline import Pipeline
 from postrl.errors import UserError
 from postrl.learner.batch import check_whole_groups
 from postrl.records import Sample

@@ -8,7 +8,7 @@ the reward is made: its value is the component `gold`, which no reward term can 
 
 Pure with respect to the samples: it reads their tasks and responses and returns one `Score` and
 one share of the grading seconds per sample, in order; it sets nothing on them. The engine that
-ran the samples is the one that attaches the scores (`postrl.engines.pipeline.Pending.result`),
+ran the samples is the one that attaches the scores (`postrl.engines.orders.Pending.result`),
 whether the grading ran in a thread here or on a Ray actor that graded copies.
 """
 
