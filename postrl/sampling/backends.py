@@ -36,6 +36,7 @@ import torch
 from postrl.config.schema import RolloutConfig
 from postrl.errors import ConfigError
 from postrl.registry import Registry
+from postrl.sampling.continuous import generate_slots
 from postrl.sampling.generate import Generation, GenParams, generate
 
 
@@ -77,6 +78,10 @@ class BackendFacts:
     """Its `generate` takes a list of `GenParams`, one per prompt, and samples them in one batch
     (greedy and sampled rows, other lengths and stop strings together). False: `Policy` calls it
     once per distinct `GenParams` instead."""
+    continuous_batching: bool = False
+    """Its `generate` takes a call of any size and decodes at most `rollout.max_num_seqs` rows of it at
+    once, a finished row's slot going to the next (with `rollout.continuous_batching`). False: `Policy`
+    cuts a call into chunks of that many rows."""
     model_problem: Callable[[Any], str] | None = None
     """'' when the backend can sample from this model, else why not in one line (an architecture or
     head size it has no kernel for): `check_model` asks once the model is loaded, before a run
@@ -87,20 +92,27 @@ SAMPLING_BACKENDS = Registry("sampling backend", key="rollout.backend", facts=Ba
 """name -> factory(model, tokenizer, rollout config) -> SamplingBackend; facts: `BackendFacts`."""
 
 
-@SAMPLING_BACKENDS.register("postrl", learner_numerics=True, row_params=True)
+@SAMPLING_BACKENDS.register("postrl", learner_numerics=True, row_params=True, continuous_batching=True)
 class PostrlBackend:
     """postrl's own batched engine (`postrl.sampling.generate`): the fused `FastLM` path where the
     model is Llama-family, else the model's own Hugging Face forward. It samples from the model
-    object it was built on, so the sampled tokens' log-probs are the learner's to float rounding."""
+    object it was built on, so the sampled tokens' log-probs are the learner's to float rounding.
+    With `rollout.continuous_batching`, a call decodes through `rollout.max_num_seqs` slots
+    (`postrl.sampling.continuous`)."""
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig):
         self.model, self.tok = model, tokenizer
+        self.slots = cfg.max_num_seqs if cfg.continuous_batching else None
+        """Slots of continuous batching; None: every row of a call decodes at once."""
         self.version: int | None = None
         """The policy version last loaded: nothing else to do, the model object is the weights."""
 
     def generate(self, prompts: list[list[int]], params: GenParams | list[GenParams],
                  generator: torch.Generator | None = None,
                  on_done: Callable[[list[int], list[Generation]], None] | None = None) -> list[Generation]:
+        if self.slots is not None:
+            return generate_slots(self.model, prompts, params, self.tok.eos_token_id, self.tok.pad_token_id,
+                                  generator=generator, decode=self._decode, on_done=on_done, slots=self.slots)
         return generate(self.model, prompts, params, self.tok.eos_token_id, self.tok.pad_token_id,
                         generator=generator, decode=self._decode, on_done=on_done)
 

@@ -165,13 +165,13 @@ def generate(
     stepper = _FastStepper(lm, ids, mask, rp.steps) if lm else _HFStepper(model, ids, mask)
     logits = stepper.first()[inverse]
     stepper.keep(inverse)
-    stop_hit = _StopCheck(rp.stops, decode) if any(rp.stops) and decode is not None else None
-    out = _Rows(len(prompts), rp.steps, rp.limits, on_done, device)
+    stop_hit = StopCheck(rp.stops, decode) if any(rp.stops) and decode is not None else None
+    out = Rows(len(prompts), rp.steps, rp.limits, on_done, device)
     _sample_loop(logits, stepper, rp, eos_id, generator, stop_hit, compact_below, out)
     return out.finish()
 
 
-class _Rows:
+class Rows:
     """The sampled rows: tokens [B, N], logprobs [B, N], lengths [B], stopped [B]; tells `on_done`
     about rows as they end."""
 
@@ -205,7 +205,7 @@ class _Rows:
 
 
 def _sample_loop(logits, stepper, params: RowParams, eos_id: int, generator, stop_hit, compact_below: float,
-                 out: _Rows) -> None:
+                 out: Rows) -> None:
     """The per-token loop from the prompts' next-token logits [B, V], writing into `out`."""
     n, steps, limits = logits.shape[0], params.steps, params.limits
     tokens, logprobs, lengths, stopped = out.tokens, out.logprobs, out.lengths, out.stopped
@@ -317,7 +317,7 @@ class _HFStepper:
         self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
 
 
-class _StopCheck:
+class StopCheck:
     """Which live rows' text now contains a stop string, decoding only each row's tail.
 
     Every non-special token decodes to at least one byte and a character is at most 4 bytes,
@@ -329,12 +329,19 @@ class _StopCheck:
         """Each original row's stop strings."""
         self.window = 4 * max(len(s) for row in stops for s in row) + 2
 
-    def __call__(self, tokens: torch.Tensor, rows: torch.Tensor, live: torch.Tensor, t: int) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, rows: torch.Tensor, live: torch.Tensor,
+                 t: int | torch.Tensor) -> torch.Tensor:
+        """Rows `rows` (original indices) of the batch, `live` of them generating, have just written
+        token `t`: one step for all, or a tensor [B] of each row's (continuous batching)."""
         hit = torch.zeros(len(rows), dtype=torch.bool, device=rows.device)
-        lo = max(0, t + 1 - self.window)
         original = rows.tolist()
         checked = [j for j in live.nonzero().squeeze(-1).tolist() if self.stops[original[j]]]
-        tails = tokens[rows[checked], lo : t + 1].tolist()
+        if torch.is_tensor(t):
+            ends = t.tolist()
+            tails = [tokens[original[j], max(0, ends[j] + 1 - self.window) : ends[j] + 1].tolist() for j in checked]
+        else:
+            lo = max(0, t + 1 - self.window)
+            tails = tokens[rows[checked], lo : t + 1].tolist()
         for j, tail in zip(checked, tails):
             text = self.decode(tail)
             hit[j] = any(s in text for s in self.stops[original[j]])

@@ -15,20 +15,23 @@ from postrl.records import Sample, Task
 from postrl.sampling.backends import SAMPLING_BACKENDS, SamplingBackend, backend_factory, make_backend
 from postrl.sampling.generate import Generation, GenParams
 
-MAX_BATCH = 512
+MAX_BATCH = RolloutConfig().max_num_seqs
 """Sequences generated at once by default (bounds KV-cache memory); a larger call runs in chunks."""
 
 
 class Policy:
-    def __init__(self, model, tokenizer, max_batch: int = MAX_BATCH, rollout: RolloutConfig | None = None):
+    def __init__(self, model, tokenizer, max_batch: int | None = None, rollout: RolloutConfig | None = None):
         self.model = model
         self.tok = tokenizer
-        self.max_batch = max_batch
-        """Largest number of sequences generated at once (bounds KV-cache memory)."""
+        rollout = rollout or RolloutConfig()
+        self.max_batch = max_batch or rollout.max_num_seqs
+        """Largest number of sequences generated at once (bounds KV-cache memory; `rollout.max_num_seqs`
+        unless given)."""
         self.version = 0
         """Optimiser updates applied so far; stamped on every sample."""
-        self.rollout = rollout or RolloutConfig()
-        """The sampling backend's settings (`rollout`; `rollout.backend` names it)."""
+        self.rollout = replace(rollout, max_num_seqs=self.max_batch)
+        """The sampling backend's settings (`rollout`; `rollout.backend` names it), with max_batch
+        as its `max_num_seqs`: the slots of a backend that batches continuously."""
         backend_factory(self.rollout.backend)  # an unknown name fails here, not at the first sample
         self._backend: SamplingBackend | None = None
         self._synced: int | None = None
@@ -133,21 +136,28 @@ class Policy:
         flat = [(g, task, ids) for g, (task, ids) in enumerate(zip(tasks, encoded)) for _ in range(n)]
         out: list[Sample | None] = [None] * len(flat)
         groups = _GroupTracker(out, n, on_ready)
+        size = self._chunk_rows(len(flat))
         if isinstance(params, list):
             rows = [params[g] for g, _, _ in flat]
-            for start in range(0, len(flat), self.max_batch):
-                chunk = list(range(start, min(start + self.max_batch, len(flat))))
+            for start in range(0, len(flat), size):
+                chunk = list(range(start, min(start + size, len(flat))))
                 self._generate_into(out, chunk, flat, [rows[i] for i in chunk], generator, groups)
             self.model.train(was_training)
             return out
         temps = temperatures or [params.temperature] * len(flat)
         for temp in sorted(set(temps)):
             idx = [i for i, t in enumerate(temps) if t == temp]
-            for start in range(0, len(idx), self.max_batch):
-                chunk = idx[start : start + self.max_batch]
+            for start in range(0, len(idx), size):
+                chunk = idx[start : start + size]
                 self._generate_into(out, chunk, flat, replace(params, temperature=temp), generator, groups)
         self.model.train(was_training)
         return out
+
+    def _chunk_rows(self, rows: int) -> int:
+        """Rows per backend call: all of them where the backend batches continuously through
+        `max_batch` slots (`rollout.continuous_batching`), else chunks of `max_batch`."""
+        whole = self.rollout.continuous_batching and SAMPLING_BACKENDS.facts(self.rollout.backend).continuous_batching
+        return max(rows, 1) if whole else self.max_batch
 
     def _generate_into(self, out, chunk: list[int], flat, params: GenParams | list[GenParams], generator,
                        groups) -> None:
