@@ -1,9 +1,5 @@
-"""Monitors that read the step's episodes: the tool calls a multi-turn sample made.
-
-| name                  | reads                                    | fires when                                   |
-|-----------------------|------------------------------------------|----------------------------------------------|
-| tool_loop             | samples' episodes (tool turns)           | many episodes repeat one tool call           |
-| tool_errors           | samples' episodes (tool statuses)        | the tool-error rate is high or rising        |
+"""Monitors that read the step's episodes, the tool calls multi-turn samples made: tool_loop and
+tool_errors. What each reads and when it fires: the table in `postrl.monitor.monitors`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Monitors that read the step's metrics (names as in `postrl.monitor.sinks`).
-
-| name                  | reads                                    | fires when                                   |
-|-----------------------|------------------------------------------|----------------------------------------------|
-| entropy_collapse      | entropy                                  | below an absolute floor or a share of the first value |
-| kl_spike              | kl/mean                                  | above max_kl, or spike_factor x its running mean |
-| length_drift          | response_len/mean, pass_rate             | length grew by max_growth over the window while pass rate did not gain |
-| verifier_disagreement | pairs of metrics (train -> held-out)     | the train metric rose and the held-out one did not follow |
-| non_finite            | loss, grad_norm                          | a value is NaN or infinite                   |
-| mismatch              | mismatch/logp_abs_diff_mean, kl_k3       | sampler and learner log-probs differ (a sync that did not land) |
+"""Monitors that read the step's metrics (names as in `postrl.monitor.sinks`): entropy_collapse,
+kl_spike, length_drift, verifier_disagreement, non_finite and mismatch. What each reads and when it
+fires: the table in `postrl.monitor.monitors`.
 """
 
 from __future__ import annotations

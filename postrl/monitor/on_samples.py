@@ -1,10 +1,5 @@
-"""Monitors that read the step's samples: their rewards, their tokens, their text.
-
-| name                  | reads                                    | fires when                                   |
-|-----------------------|------------------------------------------|----------------------------------------------|
-| format_share          | samples' reward components x weights     | format-only terms earn most of the positive reward |
-| repetition            | samples' completion token ids            | many completions repeat their own n-grams    |
-| test_tampering        | samples' completion text                 | code defines/patches test names or exits early |
+"""Monitors that read the step's samples, their rewards, tokens and text: format_share, repetition
+and test_tampering. What each reads and when it fires: the table in `postrl.monitor.monitors`.
 """
 
 from __future__ import annotations

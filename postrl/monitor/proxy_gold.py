@@ -1,10 +1,6 @@
 """The `proxy_gold` monitor: reward-model over-optimisation, the proxy rising while the gold falls.
-
-| name                  | reads                                    | fires when                                   |
-|-----------------------|------------------------------------------|----------------------------------------------|
-| proxy_gold            | samples' reward and `gold`, held-out gold | smoothed gold fell from its best while the proxy rose |
-
-It alone also reads the held-out eval (`observe_eval`: the base module's `WatchesEval`).
+It reads the samples' reward and `gold` component and, alone of the built-ins, the held-out eval
+too (`observe_eval`: `postrl.monitor.base.WatchesEval`).
 """
 
 from __future__ import annotations
