@@ -4,6 +4,8 @@ rows really take freed slots; the Hugging Face path keeps its chunks; Policy and
 
 import logging
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,9 @@ from postrl.sampling import continuous
 from postrl.sampling.continuous import generate_slots
 from postrl.sampling.generate import GenParams, generate
 from postrl.sampling.policy import Policy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import continuous_batching  # noqa: E402
 
 TEXTS = ["1+2=", "47+38=", "3=", "123+456+7=", "9*9=", "60-17="]
 
@@ -153,3 +158,11 @@ def test_policy_takes_its_slots_from_rollout_max_num_seqs_unless_given(tiny):
     policy = Policy(model, tok, 3, rollout=RolloutConfig(continuous_batching=True, max_num_seqs=7))
     assert policy.max_batch == 3 and policy.backend.slots == 3
     assert Policy(model, tok, 3).backend.slots is None
+
+
+def test_the_benchmarks_quick_run_prints_its_result_line(capsys):
+    """benchmarks/continuous_batching.py --quick: the three arms on a few rows, in seconds."""
+    assert continuous_batching.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "chunks" in out and "continuous" in out and "one batch" in out
+    assert out.strip().splitlines()[-1].startswith("RESULT continuous_batching_speedup=")
