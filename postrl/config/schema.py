@@ -364,8 +364,9 @@ class RolloutConfig:
     """postrl backend: a row that ends (EOS, stop string, its token limit) gives its slot to the next
     waiting row at once, rather than its chunk decoding on until its longest row ends (what vLLM and
     SGLang do, and verl and TRL get from them). Matters only for calls of more than max_num_seqs rows;
-    their completions are then those of one batch of all rows for the same seeds, not those of chunks.
-    The fused path only: other models run in chunks as without it."""
+    their completions are then those of one batch of all rows for the same seeds, not those of chunks
+    (hence off by default: seeded runs sample as before). The fused path only: other models run in
+    chunks as without it."""
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
