@@ -81,8 +81,9 @@ def test_few_slots_give_one_batchs_completions_and_leave_the_generator_where_it_
 
 def test_a_row_takes_a_freed_slot_so_short_rows_cost_no_steps_beside_a_long_one(tiny, monkeypatch):
     """Slots 2, one row of 30 tokens and twelve of 2 (no EOS): the short rows pass through the
-    second slot one after another while the long row decodes, so the call takes the long row's
-    29 decode steps; chunks of 2 rows take 29 + 6."""
+    second slot one after another while the long row decodes (each joins as the last one ends and
+    draws its first token from its prompt's logits), so the call takes the long row's 29 decode
+    steps; chunks of 2 rows take 29 + 6."""
     model, tok, prompts = tiny
     params = [GenParams(30)] + [GenParams(2)] * 12
     steps = []

@@ -22,10 +22,11 @@ batching (each chunk drawing after the previous one ended), which differ from th
 whenever a call has more rows than slots.
 
 The cache. One static cache of `slots` rows, written at one shared column a step as `generate`
-writes it. A joining row's prompt (prefilled in waves: the distinct prompts of the next `slots`
-waiting rows, each once, its rows copying its cache rows) is copied to end just before that
-column, so its first fed token lands on the column the next step writes; the columns before its
-prompt are masked. Attention reads from the first column of the oldest live row on; when the
+writes it. A row joins as soon as a slot frees, before the next step: its prompt (prefilled in
+waves: the distinct prompts of the next `slots` waiting rows, each once, its rows copying its
+cache rows) is copied to end just before that column, its first token is drawn from the prompt's
+logits at once, and the next step feeds it there with the other rows' tokens, so a freed slot
+never idles a step. The columns before its prompt are masked. Attention reads from the first column of the oldest live row on; when the
 shared column reaches the end of the cache, the live columns move back to its start (the cache
 is half as long again as one row needs, so this happens at most once every few hundred steps).
 When no prompt waits any more, finished rows are dropped from the batch as `generate` drops them.
@@ -261,29 +262,28 @@ def _slot_loop(store: _Prompts, cache: _SlotCache, params: RowParams, eos_id: in
     n, device = len(store.of_row), cache.lm.device
     width = len(cache.start)
     draws = None if params.all_greedy else _Draws(n, params.steps, generator, device)
+    take = _Taker(params, eos_id, draws, stop_hit, out)
     slot_row = torch.arange(width, device=device)  # the original row in each slot
     slot_t = torch.zeros(width, dtype=torch.long, device=device)  # the token each slot samples now
     live = torch.ones(width, dtype=torch.bool, device=device)
-    logits = _admit(store, cache, list(range(width)), list(range(width)), None)
+    logits = _admit(store, cache, list(range(width)), list(range(width)))
     waiting = width  # the next row to join
     while True:
-        uniform = None if draws is None else draws.of(slot_row, slot_t, live)
-        tok, lp = params.pick(logits, slot_row, uniform)
-        idx, t_live = slot_row[live], slot_t[live]
-        out.tokens[idx, t_live], out.logprobs[idx, t_live] = tok[live], lp[live]
-        end = live & (tok == eos_id)
-        if stop_hit is not None:
-            end |= stop_hit(out.tokens, slot_row, live, slot_t)
-        done = end | (live & (params.limits[slot_row] <= slot_t + 1))
-        freed: list[int] = []
-        if done.any():
-            out.lengths[slot_row[end]] = slot_t[end] + 1
-            out.stopped[slot_row[end]] = True
-            live &= ~done
-            out.ended(slot_row[done])
-            freed = done.nonzero().squeeze(-1).tolist()
-            cache.free(freed)
+        tok, done = take(logits, slot_row, slot_t, live)
         slot_t += 1
+        live &= ~done
+        freed = done.nonzero().squeeze(-1).tolist() if done.any() else []
+        while freed and waiting < n:  # the next rows join and take their first token now, from their prompt
+            cache.free(freed)
+            at = torch.tensor(freed[: n - waiting], device=device)
+            rows = list(range(waiting, waiting + len(at)))
+            first = _admit(store, cache, at.tolist(), rows)
+            slot_row[at], slot_t[at], live[at] = torch.tensor(rows, device=device), 0, True
+            waiting += len(rows)
+            tok[at], ended = take(first, slot_row[at], slot_t[at], live[at])
+            slot_t[at], live[at] = 1, ~ended
+            freed = at[ended].tolist()  # rows done at their first token free their slot again
+        cache.free(freed)
         n_live = int(live.sum())
         if waiting == n:
             if n_live == 0:
@@ -292,26 +292,43 @@ def _slot_loop(store: _Prompts, cache: _SlotCache, params: RowParams, eos_id: in
                 keep = live.nonzero().squeeze(-1)
                 cache.keep(keep)
                 slot_row, slot_t, live, tok = slot_row[keep], slot_t[keep], live[keep], tok[keep]
-        if n_live:
-            logits = cache.step(tok, store.layers, store.cos, store.sin)
-        if waiting < n and freed:
-            joining = freed[: n - waiting]
-            rows = list(range(waiting, waiting + len(joining)))
-            logits = _admit(store, cache, joining, rows, logits)
-            at = torch.tensor(joining, device=device)
-            slot_row[at] = torch.tensor(rows, device=device)
-            slot_t[at], live[at] = 0, True
-            waiting += len(joining)
+        logits = cache.step(tok, store.layers, store.cos, store.sin)  # finished rows still in the batch step on
 
 
-def _admit(store: _Prompts, cache: _SlotCache, slots: list[int], rows: list[int],
-           logits: torch.Tensor | None) -> torch.Tensor:
-    """Rows `rows` take `slots`: their prompts copied into the cache, their next-token logits
-    (the prompts') written into `logits` [slots, V] (made when None)."""
+class _Taker:
+    """Sample the slots' next tokens, write the live rows' into `out`, and finish the rows that end
+    (EOS, a stop string, their limit): `generate`'s rules, at each slot's own token step."""
+
+    def __init__(self, params: RowParams, eos_id: int, draws: _Draws | None, stop_hit, out: Rows):
+        self.params, self.eos_id, self.draws, self.stop_hit, self.out = params, eos_id, draws, stop_hit, out
+
+    def __call__(self, logits: torch.Tensor, rows: torch.Tensor, t: torch.Tensor, live: torch.Tensor):
+        """logits [k, V] of slots holding original rows `rows` [k] at token steps `t` [k]: (tokens [k],
+        done [k]: the live rows that ended)."""
+        out = self.out
+        uniform = None if self.draws is None else self.draws.of(rows, t, live)
+        tok, lp = self.params.pick(logits, rows, uniform)
+        idx, t_live = rows[live], t[live]
+        out.tokens[idx, t_live], out.logprobs[idx, t_live] = tok[live], lp[live]
+        end = live & (tok == self.eos_id)
+        if self.stop_hit is not None:
+            end |= self.stop_hit(out.tokens, rows, live, t)
+        done = end | (live & (self.params.limits[rows] <= t + 1))
+        if done.any():
+            out.lengths[rows[end]] = t[end] + 1
+            out.stopped[rows[end]] = True
+            out.ended(rows[done])
+        return tok, done
+
+
+def _admit(store: _Prompts, cache: _SlotCache, slots: list[int], rows: list[int]) -> torch.Tensor:
+    """Rows `rows` take `slots`: their prompts copied into the cache. Returns their prompts'
+    next-token logits [len(rows), V]."""
+    logits: torch.Tensor | None = None
     for pos, wave, idx in store.take(rows):
         at = torch.tensor([slots[j] for j in pos], device=cache.lm.device)
         cache.place(at, wave, idx)
         if logits is None:
-            logits = wave.logits.new_empty((len(cache.start), wave.logits.shape[-1]))
-        logits[at] = wave.logits[idx]
+            logits = wave.logits.new_empty((len(rows), wave.logits.shape[-1]))
+        logits[torch.tensor(pos, device=logits.device)] = wave.logits[idx]
     return logits
