@@ -147,6 +147,13 @@ class TrainConfig:
     every rank; fsdp shards them N ways (FSDP2's fully_shard per decoder layer, then the root;
     `postrl.learner.sharded`), gathering the layers' weights for each forward and backward and the
     updated weights once per update for the sampler."""
+    compile: bool = False
+    """Run the update's forward and backward on the fused forward (FastLM: Llama-family models,
+    plain LoRA included) with each decoder layer's parts around attention through torch.compile
+    (inductor: a C++ compiler on the CPU, Triton on CUDA), compiled once a process (seconds to a
+    minute); the no-grad passes stay eager. Same loss to float rounding. A one-line error
+    where it cannot run: no compiler, or a forward that is not the fused one (gradient
+    checkpointing, train.shard fsdp, another architecture)."""
 
 
 @dataclass

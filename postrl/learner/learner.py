@@ -50,6 +50,7 @@ from postrl.algo.losses import (
 )
 from postrl.algo.overlong import soft_overlong_penalty
 from postrl.config.schema import ModelConfig, RLConfig, TrainConfig
+from postrl.errors import UserError
 from postrl.learner import sharded
 from postrl.learner.batch import (
     check_whole_groups,
@@ -63,6 +64,7 @@ from postrl.learner.offpolicy import Probe, offpolicy_stats
 from postrl.learner.precision import make_optimizer
 from postrl.learner.ranks import LearnerRanks
 from postrl.model.device import model_device
+from postrl.model.fastlm import FastLM, compile_problem
 from postrl.model.logprobs import hf_decoder_and_head, token_logprobs
 from postrl.records import Batch, Sample
 from postrl.sampling.policy import Policy
@@ -129,6 +131,8 @@ class Learner:
         if self.sharded:
             self.model = sharded.shard(policy.model, self.device, copy_first=ranks.rank == 0)
             self.update_model = _ModuleForward(self.model, split=False)
+        if train.compile:
+            check_compile(self.update_model, self.device)
         self.loss_fn = LOSSES.get(rl.loss)
         self.share = LOSS_AGGREGATIONS.facts(rl.loss_agg, key="rl.loss_agg").share
         """`rl.loss_agg`'s micro-batch weight rule (`AggregationFacts.share`): weights accumulated gradients."""
@@ -400,7 +404,7 @@ class Learner:
         logp, ent = token_logprobs(
             self.update_model, ids, attn, batch.temperatures[rows], with_entropy=True,
             entropy_grad=rl.entropy_coef > 0, needed=mask, pack=self.train_cfg.pack_sequences,
-            chunk_mib=self.chunk_mib,
+            chunk_mib=self.chunk_mib, compiled="inductor" if self.train_cfg.compile else None,
         )
         if probe is not None:
             probe.keep(rows, logp)
@@ -427,6 +431,18 @@ class Learner:
             loss = loss - rl.entropy_coef * ent_mean
         return loss, {"loss": float(loss.detach()), "pg": float(pg.detach()), "kl": float(kl_mean.detach()),
                       "ent": float(ent_mean.detach()), "clip": st.clip_frac, "kl_max": kl_max}
+
+
+def check_compile(model, device: torch.device) -> None:
+    """`train.compile`: a one-line error unless torch.compile can compile here and the update runs
+    the fused forward it compiles. Only the update's forward and backward are compiled: the no-grad
+    passes (reference, proximal) stay eager, as a sampler process computes the reference."""
+    problem = compile_problem(device)
+    if problem is None and FastLM.wrap(model) is None:
+        problem = ("it compiles the fused forward (FastLM), which this update does not run (gradient "
+                   "checkpointing, train.shard fsdp, or an architecture or adapter it does not cover)")
+    if problem is not None:
+        raise UserError(f"train.compile: {problem}; set train.compile false")
 
 
 class _ModuleForward:

@@ -25,6 +25,8 @@ the Hugging Face forward to float32 rounding (tests/test_rollout.py checks 1e-5)
 
 from __future__ import annotations
 
+import functools
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -57,10 +59,6 @@ class _Layer:
 
 class FastLM:
     def __init__(self, model, adapters: bool = True):
-        # here, not at the top: importing transformers.activations loads transformers' modelling stack
-        # (about 1.5 s), which commands that only read the registries (`postrl plan`) never need
-        from transformers.activations import ACT2FN
-
         cfg = model.config
         self.model = _base(model)
         """The Hugging Face causal LM (under a peft wrapper, its base model, whose projections hold the adapters)."""
@@ -70,8 +68,7 @@ class FastLM:
         self.kv_heads = cfg.num_key_value_heads or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = cfg.rms_norm_eps
-        self.act = ACT2FN[cfg.hidden_act]
-        self.inter = cfg.intermediate_size
+        self.act = _activation(cfg.hidden_act)
         self.dtype = self.model.model.embed_tokens.weight.dtype
         self.device = self.model.model.embed_tokens.weight.device
         """Where every tensor this forward makes is created: the model's own device."""
@@ -151,7 +148,7 @@ class FastLM:
         return F.linear(hidden, head.weight, head.bias)
 
     def hidden(self, ids, cos, sin, bias, layers, kv=None, start: int = 0, causal: bool = False, share=None,
-               segments: list[int] | None = None):
+               segments: list[int] | None = None, compiled: str | None = None):
         """Final-norm hidden states for ids [B, S]: [B, S, H], or [N, H] with `share`.
 
         cos, sin: [B, S, D] rotary rows at each token's position. bias: additive attention mask
@@ -161,7 +158,8 @@ class FastLM:
         and the MLP (nearly all the FLOPs) then run once per distinct prefix, and only
         attention sees the tokens in their [B, S] places. segments: packed sequences (ids [1, S]
         holding several sequences back to back, of these lengths): attention is causal within
-        each one and never crosses into another."""
+        each one and never crosses into another. compiled: a torch.compile backend ("inductor" with
+        `train.compile`) for each layer's parts around attention (`compiled_blocks`); None: eager."""
         b, s = ids.shape
         if share is not None:
             ids, cos, sin = ids.flatten()[share.owner], cos.flatten(0, 1)[share.owner], sin.flatten(0, 1)[share.owner]
@@ -170,12 +168,10 @@ class FastLM:
         x = F.embedding(ids, embed.weight, padding_idx=embed.padding_idx)  # [B, S, H] or [N, H]
         cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over heads
         h, hk, d = self.heads, self.kv_heads, self.head_dim
+        before, after = compiled_blocks(compiled) if compiled else (_before_attention, _after_attention)
         for i, w in enumerate(layers):
-            y = F.rms_norm(x, (x.shape[-1],), w.ln1, self.eps)
-            qkv = _project(y, w.qkv_w, w.qkv_b, w.qkv_lora).unflatten(-1, (h + 2 * hk, d))
-            qk, v = qkv[..., : h + hk, :], qkv[..., h + hk :, :]
-            rot = torch.cat((-qk[..., d // 2 :], qk[..., : d // 2]), dim=-1)
-            qk = _spread(qk * cos + rot * sin, share, b, s)  # rotary on queries and keys in one pass
+            qk, v = before(x, w.ln1, self.eps, w.qkv_w, w.qkv_b, w.qkv_lora, cos, sin, h, hk)
+            qk = _spread(qk, share, b, s)
             q, k, v = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), _spread(v, share, b, s).transpose(1, 2)
             if kv is not None:
                 kc, vc = kv[i]
@@ -191,11 +187,70 @@ class FastLM:
                     q, k, v, attn_mask=bias, is_causal=causal and bias is None, enable_gqa=hk != h
                 ).transpose(1, 2)  # [B, S, heads, D]
             att = att.reshape(b, s, h * d) if share is None else att.reshape(b * s, h * d)[share.owner]
-            x = x + _project(att, w.o_w, w.o_b, w.o_lora)
-            y = F.rms_norm(x, (x.shape[-1],), w.ln2, self.eps)
-            gate, up = _project(y, w.gate_up_w, w.gate_up_b, w.gate_up_lora).split(self.inter, dim=-1)
-            x = x + _project(self.act(gate) * up, w.down_w, w.down_b, w.down_lora)
+            x = after(x, att, w.o_w, w.o_b, w.o_lora, w.ln2, self.eps, w.gate_up_w, w.gate_up_b, w.gate_up_lora,
+                      w.down_w, w.down_b, w.down_lora, self.act)
         return F.rms_norm(x, (x.shape[-1],), self.model.model.norm.weight, self.eps)
+
+
+def _before_attention(x, ln1, eps: float, qkv_w, qkv_b, qkv_lora, cos, sin, h: int, hk: int):
+    """A layer up to attention: x [..., H] -> rotated queries and keys [..., h + hk, D], values [..., hk, D]."""
+    d = cos.shape[-1]
+    y = F.rms_norm(x, (x.shape[-1],), ln1, eps)
+    qkv = _project(y, qkv_w, qkv_b, qkv_lora).unflatten(-1, (h + 2 * hk, d))
+    qk, v = qkv[..., : h + hk, :], qkv[..., h + hk :, :]
+    rot = torch.cat((-qk[..., d // 2 :], qk[..., : d // 2]), dim=-1)
+    return qk * cos + rot * sin, v  # rotary on queries and keys in one pass
+
+
+def _after_attention(x, att, o_w, o_b, o_lora, ln2, eps: float, gate_up_w, gate_up_b, gate_up_lora,
+                     down_w, down_b, down_lora, act):
+    """A layer from attention's output att [..., h * D] on: x [..., H] with the attention and MLP residuals added."""
+    x = x + _project(att, o_w, o_b, o_lora)
+    y = F.rms_norm(x, (x.shape[-1],), ln2, eps)
+    gate, up = _project(y, gate_up_w, gate_up_b, gate_up_lora).split(down_w.shape[1], dim=-1)
+    return x + _project(act(gate) * up, down_w, down_b, down_lora)
+
+
+@functools.cache
+def compiled_blocks(backend: str):
+    """`_before_attention` and `_after_attention` through torch.compile's `backend` (`train.compile`:
+    inductor; the GPU script's --smoke: aot_eager, the same graphs without code generation): a decoder
+    layer's norms, projections, rotary, activation and residuals, whose elementwise ops inductor
+    fuses (between the matmuls eager mode launches one kernel each). Attention stays outside: it is
+    SDPA's fused kernel already, and its inputs vary in form (shared prefixes, packed segments, a
+    cache written in place), which would break the graph. Compiled once a process, lazily; the
+    weights are arguments, so every layer and every model of an architecture reuses one graph
+    (a new shape recompiles once, with dynamic shapes from then on)."""
+    return (torch.compile(_before_attention, backend=backend, dynamic=True),
+            torch.compile(_after_attention, backend=backend, dynamic=True))
+
+
+def compile_problem(device: torch.device) -> str | None:
+    """Why torch.compile's default backend (inductor) cannot compile on `device` here, or None:
+    on the CPU it needs a C++ compiler, on CUDA Triton."""
+    if device.type == "cpu":
+        from torch._inductor import config
+
+        names = [config.cpp.cxx[1]] if config.cpp.cxx[1] else ["g++", "clang++", "c++"]
+        if not any(shutil.which(n) for n in names):
+            return f"inductor needs a C++ compiler on the CPU and finds none ({', '.join(names)} on PATH)"
+        return None
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "inductor needs Triton on CUDA and it is not installed"
+    return None
+
+
+@functools.cache
+def _activation(name: str):
+    """transformers' activation module `name`, one instance a process: the compiled layers
+    (`compiled_blocks`) then see the same object on every call, not a new one to recompile for."""
+    # here, not at the top: importing transformers.activations loads transformers' modelling stack
+    # (about 1.5 s), which commands that only read the registries (`postrl plan`) never need
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
 
 
 def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, lora: Factors | None) -> torch.Tensor:

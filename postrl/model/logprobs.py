@@ -28,7 +28,9 @@ back-propagated) once rather than once per sample; plain LoRA adapters included 
 their low-rank terms). Where FastLM does not cover the adapters, or a wrapper hides the model
 (gradient checkpointing), the model's own decoder runs, then the same chunked head; any other
 architecture runs its whole forward (which may scale or cap logits), whose logits of the needed
-columns are materialised.
+columns are materialised. Those forwards get an all-ones attention mask for right-padded rows, for
+which transformers builds no mask tensor either (causal attention keeps real tokens off the
+padding after them; the padding positions' own outputs are never read).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def token_logprobs(
     *,
     pack: bool = False,
     chunk_mib: float = 0,
+    compiled: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """input_ids, attention_mask: [B, T]; temperature: [B]; needed: optional [B, T-1] mask.
 
@@ -77,7 +80,9 @@ def token_logprobs(
     given, positions outside it are 0 in both. The entropy carries a gradient only when
     `entropy_grad` (an entropy bonus); as a metric it is computed detached. `pack`: run the rows
     as one packed sequence (no padding computed; with `needed` None every real position counts).
-    `chunk_mib`: the largest float32 logits chunk (0: `logits_chunk_mib`'s default for the device)."""
+    `chunk_mib`: the largest float32 logits chunk (0: `logits_chunk_mib`'s default for the device).
+    `compiled`: a torch.compile backend for FastLM's layers ("inductor": `train.compile`; None: eager;
+    forwards other than FastLM's ignore it)."""
     chunk_mib = logits_chunk_mib(chunk_mib, input_ids.device)
     targets = input_ids[:, 1:]
     temps = temperature[:, None].expand(targets.shape)
@@ -85,9 +90,9 @@ def token_logprobs(
     if pack and keep is None:
         keep = (attention_mask[:, :-1] * attention_mask[:, 1:]).bool()
     if pack:
-        hidden, head = _packed_hidden(model, input_ids, attention_mask, keep)  # [N, H]
+        hidden, head = _packed_hidden(model, input_ids, attention_mask, keep, compiled)  # [N, H]
     else:
-        hidden, head = _final_hidden(model, input_ids, attention_mask, keep)  # [B, T-1, H] or [N, H]
+        hidden, head = _final_hidden(model, input_ids, attention_mask, keep, compiled)  # [B, T-1, H] or [N, H]
     if keep is not None:
         targets, temps = targets[keep], temps[keep]  # [N]
     logp, entropy = _chunked_logprobs(hidden.flatten(0, -2), head, targets.flatten(), temps.flatten(),
@@ -120,28 +125,35 @@ def _decoder_and_head(model):
     return split() if split is not None else hf_decoder_and_head(model)
 
 
-def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: torch.Tensor | None):
+def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: torch.Tensor | None,
+                  compiled: str | None = None):
     """Final hidden states at the positions that predict a next token ([B, T-1, H], or [N, H] at
     `keep`), and the vocabulary head to apply to them."""
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    # right-padded rows (the learner's layout): plain causal attention never lets a real token
+    # see padding, so no mask tensor is built at all (SDPA's flash and memory-efficient kernels
+    # take is_causal, not a [T, T] mask); only the padding positions, never read, see other padding
+    right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
     lm = FastLM.wrap(model)
     if lm is None:
+        # transformers skips its mask for an all-ones attention_mask (is_causal); given the padding,
+        # or none at all (the padding's repeated position ids then read as packed sequences), it
+        # builds a [B, 1, T, T] one
+        attn = torch.ones_like(attention_mask) if right_padded else attention_mask
         split = _decoder_and_head(model)
         if split is not None:
             decoder, head = split
-            out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+            out = decoder(input_ids=input_ids, attention_mask=attn, position_ids=positions, use_cache=False)
             hidden = out.last_hidden_state[:, :-1]  # [B, T-1, H]
             return (hidden if keep is None else hidden[keep]), head
-        return _whole_forward(model, input_ids, attention_mask, positions, keep)
+        return _whole_forward(model, input_ids, attn, positions, keep)
     width = input_ids.shape[1]
     cos, sin = lm.rotary(width)
-    # right-padded rows (the learner's layout): plain causal attention never lets a real token
-    # see padding, so no mask tensor is built at all
-    right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
     bias = None if right_padded else padding_bias(attention_mask, width, lm.dtype)
     # padding is skipped and a group's shared prompt runs once (its gradient summed over the group)
     share = shared_prefixes(input_ids, attention_mask)
-    hidden = lm.hidden(input_ids, cos[positions], sin[positions], bias, lm.layers(), causal=True, share=share)
+    hidden = lm.hidden(input_ids, cos[positions], sin[positions], bias, lm.layers(), causal=True, share=share,
+                       compiled=compiled)
     slot = share.slot.view(input_ids.shape)[:, :-1]  # [B, T-1] distinct-prefix row of each position
     return hidden[slot if keep is None else slot[keep]], lm.logits
 
@@ -178,7 +190,8 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packing:
     return Packing(input_ids[real][None], positions[real][None], lengths, flat)
 
 
-def _packed_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: torch.Tensor):
+def _packed_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: torch.Tensor,
+                   compiled: str | None = None):
     """Final hidden states [N, H] at `keep` ([B, T-1]), the rows run as one packed sequence."""
     packed = pack_rows(input_ids, attention_mask)
     at = packed.flat[:, :-1][keep]  # [N] packed index of each kept position
@@ -186,7 +199,8 @@ def _packed_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if lm is not None:
         cos, sin = lm.rotary(int(packed.positions.max()) + 1)
         pos = packed.positions
-        hidden = lm.hidden(packed.ids, cos[pos], sin[pos], None, lm.layers(), segments=packed.lengths)
+        hidden = lm.hidden(packed.ids, cos[pos], sin[pos], None, lm.layers(), segments=packed.lengths,
+                           compiled=compiled)
         return hidden[0, at], lm.logits
     split = _decoder_and_head(model)
     # no attention mask and no cache: transformers then reads the restarting position ids as
