@@ -6,7 +6,7 @@
 `rollout.max_num_seqs`) cuts a larger call into chunks that run one after another, each until its
 longest row ends, so with skewed lengths most of a chunk's late steps decode a few long rows. Here
 at most `slots` rows decode at once, and a row that finishes (EOS, a stop string, its token limit)
-gives its slot to the next waiting prompt at the next step. What this module does not know:
+gives its slot to the next waiting prompt at once. What this module does not know:
 tokenizers, tasks, `Policy`; it is `generate`'s sampling, stop strings and finished rows (imported
 from there) around a cache with slots.
 
@@ -26,9 +26,10 @@ writes it. A row joins as soon as a slot frees, before the next step: its prompt
 waves: the distinct prompts of the next `slots` waiting rows, each once, its rows copying its
 cache rows) is copied to end just before that column, its first token is drawn from the prompt's
 logits at once, and the next step feeds it there with the other rows' tokens, so a freed slot
-never idles a step. The columns before its prompt are masked. Attention reads from the first column of the oldest live row on; when the
-shared column reaches the end of the cache, the live columns move back to its start (the cache
-is half as long again as one row needs, so this happens at most once every few hundred steps).
+never idles a step. The columns before its prompt are masked. Attention reads from the first
+column of the oldest live row on; when the shared column reaches the end of the cache, the live
+columns move back to its start (the cache is half as long again as one row needs, so this happens
+at most once every (prompt + completion) / 2 steps).
 When no prompt waits any more, finished rows are dropped from the batch as `generate` drops them.
 
 The Hugging Face path (a model `FastLM` does not cover) has a dynamic cache with no slot to reset:
