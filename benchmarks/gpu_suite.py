@@ -21,20 +21,32 @@ figures as `RESULT <metric>=<value> target=<target>` lines (`target=-`: measured
    bf16 on a GPU), and the weight sync into vLLM (one `reload_weights` call per policy version), ms.
 3. learner, on the larger shape: one update (forward, backward, AdamW) on `--update-tokens`
    tokens in sequences of 1k and 4k tokens (--smoke: 64 and 128), full weights and LoRA (r 16 on
-   every projection); model FLOP/s as a share of the peak: 6 FLOPs per weight per token (full) or 4
-   (LoRA: the frozen weights get no weight gradient), plus attention.
-4. grpo: `recipes/smollm2-arith.yaml` (LoRA) for `--grpo-steps` steps on the device with postrl's
+   every projection), each with the fused forward eager and with its layers compiled
+   (`train.compile`: inductor; --smoke: aot_eager, on the first length only), from the same
+   weights: the first update's loss of both (their difference a RESULT), the compiled arm's
+   warm-up (its compilation) in seconds; model FLOP/s as a share of the peak: 6 FLOPs per weight
+   per token (full) or 4 (LoRA: the frozen weights get no weight gradient), plus attention.
+4. fsdp: `train.shard: fsdp`'s FSDP2 on one rank (NCCL on CUDA, gloo on the CPU) against no shard
+   (the fused forward), full weights, 1k-token sequences: tokens/s of each and their first loss's
+   difference.
+5. grpo: `recipes/smollm2-arith.yaml` (LoRA) for `--grpo-steps` steps on the device with postrl's
    engine, held-out pass@1 at the start and the end (--smoke: the default recipe, 2 steps).
 
 Everything runs in this process, one section after the other; vLLM's engine (in-process,
 `gpu_memory_utilization` 0.3) is dropped before the next model loads. On one GPU it is meant to
-finish in under 8 minutes (each section prints its wall time). Figures from a CPU say the code
-runs, nothing about a GPU.
+finish in under 8 minutes (each section prints its wall time). Estimate for one H100/H200, from
+the H200's 139 s for the four sections before compile and FSDP2 were added: the learner's
+compiled arms add their compilation (inductor, dynamic shapes: about 20-40 s for full weights,
+as much again for LoRA's other graphs, then seconds for the 4k cells) and 4 timed updates
+(under 1 s each); the fsdp section two model builds and 4 updates, about 15 s; about 4 minutes
+in all, before what the sampling section gains. Figures from a CPU say the code runs, nothing
+about a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import json
 import sys
@@ -197,17 +209,34 @@ def release(device: torch.device) -> None:
 
 
 def learner_section(args, facts, device, dtype) -> None:
+    """Every cell from the same random weights (restored, not rebuilt: a Qwen2.5-0.5B shape takes
+    seconds to initialise); compile on beside off, with the loss of their first update compared."""
     for lora in (False, True):
+        model = build("qwen2.5-0.5b", args.smoke, device, dtype, SMOKE_SHAPE)
+        if lora:
+            model = apply_lora(model, LORA)
+        start = {k: v.clone() for k, v in model.state_dict().items()}
         for seq in args.seq_lens:
-            learner_once(lora, seq, args, facts, device, dtype)
-            release(device)  # the model and its optimiser, dropped on return
+            losses = []
+            # --smoke: the compiled arm on the first length only (its tracing is most of the smoke's time)
+            compiled = not args.smoke or seq == args.seq_lens[0]
+            for backend in (None, args.compile_backend) if compiled else (None,):
+                model.load_state_dict(start)
+                losses.append(learner_once(model, lora, seq, backend, args, facts, device))
+                release(device)  # the optimiser, dropped on return
+            if not compiled:
+                continue
+            kind = "lora" if lora else "full"
+            print(f"learner {kind} {seq}: first loss eager {losses[0]:.6f}, compiled {losses[1]:.6f}", flush=True)
+            result(f"learner:{kind}:seq{seq}:compile:loss_abs_diff", f"{abs(losses[0] - losses[1]):.3e}",
+                   "<=1e-5" if dtype == torch.float32 else "-")
+        del model, start
+        release(device)
 
 
-def learner_once(lora: bool, seq: int, args, facts, device, dtype) -> None:
-    """One timed update (after a warm-up one) of the larger shape on sequences of `seq` tokens."""
-    model = build("qwen2.5-0.5b", args.smoke, device, dtype, SMOKE_SHAPE)
-    if lora:
-        model = apply_lora(model, LORA)
+def learner_once(model, lora: bool, seq: int, backend: str | None, args, facts, device) -> float:
+    """One timed update (after a warm-up one, which compiles) on sequences of `seq` tokens, the
+    fused forward's layers compiled by `backend` (None: eager); returns the warm-up's loss."""
     model.train()
     rows = max(1, args.update_tokens // seq)
     ids = torch.randint(1, model.config.vocab_size, (rows, seq), generator=torch.Generator().manual_seed(2)).to(device)
@@ -217,14 +246,15 @@ def learner_once(lora: bool, seq: int, args, facts, device, dtype) -> None:
     opt = make_optimizer(trained, lr=1e-5, weight_decay=0.0)
 
     def step():
-        logp, _ = token_logprobs(model, ids, attn, temps, chunk_mib=args.logits_chunk_mib)
+        logp, _ = token_logprobs(model, ids, attn, temps, chunk_mib=args.logits_chunk_mib, compiled=backend)
         loss = -(logp * adv[:, None]).mean()  # a policy gradient on every token
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         opt.zero_grad()
+        return float(loss)
 
-    step()  # warm-up
+    first, warm_s = timed(device, step)  # warm-up: with a backend, its compilation
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     _, seconds = timed(device, step)
@@ -234,10 +264,73 @@ def learner_once(lora: bool, seq: int, args, facts, device, dtype) -> None:
     share = flops / seconds / facts["peak"]
     kind = "lora" if lora else "full"
     chunk = logits_chunk_mib(args.logits_chunk_mib, device)
-    print(f"learner {kind} {seq}-token sequences x {rows} (logits in {chunk:g} MiB chunks): "
+    mode = f"compiled ({backend}, warm-up {warm_s:.1f} s)" if backend else "eager"
+    print(f"learner {kind} {seq}-token sequences x {rows} (logits in {chunk:g} MiB chunks), {mode}: "
           f"{ids.numel() / seconds:.0f} tokens/s, "
           f"{flops / seconds / 1e12:.3f} TFLOP/s = {share:.1%} of the peak{held}", flush=True)
-    result(f"learner:{kind}:seq{seq}:flops_share", f"{share:.4f}")
+    name = f"learner:{kind}:seq{seq}" + (":compile" if backend else "")
+    result(f"{name}:flops_share", f"{share:.4f}")
+    result(f"{name}:tokens_per_s", f"{ids.numel() / seconds:.1f}")
+    if backend:
+        result(f"{name}:warmup_s", f"{warm_s:.2f}")
+    return first
+
+
+def fsdp_section(args, facts, device, dtype) -> None:
+    """FSDP2 on one rank (`train.shard: fsdp`'s path: NCCL on CUDA, gloo on the CPU) against no
+    shard (the learner's fused forward), full weights, one update each on `--update-tokens` tokens
+    in sequences of the first length, from the same weights: the first update's loss and the timed
+    second's speed side by side."""
+    seq = args.seq_lens[0]
+    rows = max(1, args.update_tokens // seq)
+    ids = torch.randint(1, SMOKE_SHAPE["vocab_size"] if args.smoke else 151936, (rows, seq),
+                        generator=torch.Generator().manual_seed(3)).to(device)
+    attn, temps = torch.ones_like(ids), torch.ones(rows, device=device)
+    adv = torch.where(torch.arange(rows, device=device) % 2 == 0, 1.0, -1.0)
+    figures = {}
+    for shard in (False, True):
+        first, seconds = fsdp_arm(shard, ids, attn, temps, adv, args, device, dtype)
+        kind = "fsdp1" if shard else "noshard"
+        figures[kind] = first
+        print(f"fsdp: {kind}, {seq}-token sequences x {rows}: {ids.numel() / seconds:.0f} tokens/s, "
+              f"first loss {first:.6f}", flush=True)
+        result(f"fsdp:{kind}:tokens_per_s", f"{ids.numel() / seconds:.1f}")
+        release(device)  # the model and its optimiser, dropped on return
+    diff = abs(figures["fsdp1"] - figures["noshard"])
+    result("fsdp:loss_abs_diff", f"{diff:.3e}", "<=1e-5" if dtype == torch.float32 else "-")
+
+
+def fsdp_arm(shard: bool, ids, attn, temps, adv, args, device, dtype) -> tuple[float, float]:
+    """(first update's loss, the second's seconds) of a fresh model, sharded on one rank or not."""
+    from postrl.learner import sharded
+
+    model = build("qwen2.5-0.5b", args.smoke, device, dtype, SMOKE_SHAPE).train()
+    if shard:
+        sharded.start_group(torch.distributed.HashStore(), 0, 1, device, datetime.timedelta(seconds=120))
+    try:
+        if shard:
+            model = sharded.shard(model, device, copy_first=False)
+        # the sharded model through its own forward (FSDP2 gathers in its hooks), as the learner
+        # calls it: a plain function hides it from the fused forward, which would skip them
+        forward = (lambda **inputs: model(**inputs)) if shard else model
+        trained = [p for p in model.parameters() if p.requires_grad]
+        opt = make_optimizer(trained, lr=1e-5, weight_decay=0.0)
+
+        def step():
+            logp, _ = token_logprobs(forward, ids, attn, temps, chunk_mib=args.logits_chunk_mib)
+            loss = -(logp * adv[:, None]).mean()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
+            opt.step()
+            opt.zero_grad()
+            return float(loss)
+
+        first, _ = timed(device, step)
+        _, seconds = timed(device, step)
+        return first, seconds
+    finally:
+        if shard:
+            sharded.end_group()
 
 
 def grpo_section(args, device, work: Path) -> None:
@@ -267,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (--smoke: cpu)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, float32, few tokens: the code paths on a CPU")
-    p.add_argument("--sections", default="device,sampling,learner,grpo")
+    p.add_argument("--sections", default="device,sampling,learner,fsdp,grpo")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
@@ -277,11 +370,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="of the sampling and learner sections (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--logits-chunk-mib", type=float, default=0,
                    help="float32 logits the learner computes at a time (model.logits_chunk_mib; 0: the device's default)")
+    p.add_argument("--compile-backend", default="",
+                   help="torch.compile backend of the learner's compiled arm (default: inductor, as train.compile; "
+                        "--smoke: aot_eager, the same graphs without code generation)")
     p.add_argument("--work", default="", help="run directory for the GRPO run (default: a temporary one)")
     args = p.parse_args(argv)
     if args.smoke:
         args.device, args.batch, args.prompt_tokens, args.new_tokens, args.update_tokens = "cpu", 4, 8, 8, 256
     args.seq_lens = [64, 128] if args.smoke else [1024, 4096]
+    args.compile_backend = args.compile_backend or ("aot_eager" if args.smoke else "inductor")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: torch sees no CUDA device here (on a CPU: --smoke)")
@@ -315,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-SECTIONS = ("device", "sampling", "learner", "grpo")
+SECTIONS = ("device", "sampling", "learner", "fsdp", "grpo")
 
 
 def run_section(section: str, args, facts, device, dtype, work: Path) -> None:
@@ -326,6 +423,8 @@ def run_section(section: str, args, facts, device, dtype, work: Path) -> None:
             release(device)
     elif section == "learner":
         learner_section(args, facts, device, dtype)
+    elif section == "fsdp":
+        fsdp_section(args, facts, device, dtype)
     elif section == "grpo":
         grpo_section(args, device, work)
 

@@ -23,6 +23,9 @@ def test_the_gpu_suite_smoke_runs_every_section_and_prints_its_figures(builtin_m
     backends = ["postrl"] if vllm_problem() else ["postrl", "vllm"]
     want = {"peak_tflops_measured", "bandwidth_gbs_measured", "grpo:pass1_before", "grpo:pass1_after", "wall_s",
             *(f"learner:{kind}:seq{n}:flops_share" for kind in ("full", "lora") for n in (64, 128)),
+            *(f"learner:{kind}:seq64:compile:{figure}" for kind in ("full", "lora")
+              for figure in ("flops_share", "tokens_per_s", "warmup_s", "loss_abs_diff")),
+            "fsdp:noshard:tokens_per_s", "fsdp:fsdp1:tokens_per_s", "fsdp:loss_abs_diff",
             *(f"tiny:{b}:{figure}" for b in backends
               for figure in ("tokens_per_s", "bandwidth_share", "logp_abs_diff_mean")),
             *(["tiny:vllm:sync_ms"] if "vllm" in backends else [])}
@@ -32,6 +35,9 @@ def test_the_gpu_suite_smoke_runs_every_section_and_prints_its_figures(builtin_m
     # float32, the learner's recomputation on the very weights each engine sampled with
     assert all(results[f"tiny:{b}:logp_abs_diff_mean"] < 1e-4 for b in backends)
     assert all(0 < results[f"learner:{k}:seq64:flops_share"] for k in ("full", "lora"))
+    # float32: compiled layers and the one-rank FSDP2 update give the eager, unsharded loss
+    assert all(results[f"learner:{k}:seq64:compile:loss_abs_diff"] <= 1e-5 for k in ("full", "lora"))
+    assert results["fsdp:loss_abs_diff"] <= 1e-5
     assert out.rstrip().splitlines()[-1].startswith("RESULT wall_s=")
     assert (tmp_path / "grpo" / "final").is_dir()
 
