@@ -11,6 +11,14 @@ trainable weight and float32 moments, steps the master copy, and writes it back 
 weights rounded to nearest. Memory: 4 bytes of master plus 8 of moments per trainable weight
 (with LoRA only the adapters), against 2 + 4 for bf16 AdamW.
 
+This is what `torch.autocast(bfloat16)` over a float32 model gives (bf16 matmuls, float32 weights
+stepped), without autocast's costs: a float32 model under autocast casts every weight to bf16 in
+every forward and again for the backward, keeps float32 gradients (4 bytes each), and its sampler,
+sharing the model, would decode in float32. Here the weights live in bf16, so sampling, the
+reference pass and the update all read 2 bytes a weight, and only the optimiser holds float32.
+So there is no autocast option: `model.dtype: bfloat16` is it (`postrl.model.logprobs` computes
+the head's log-softmax in float32 either way).
+
 A checkpoint carries the master weights inside the optimiser's state (`master_weights`, in
 `Learner.state_dict()["optimizer"]`), so a resumed run continues from the float32 values, not from
 the rounded bf16 ones.
