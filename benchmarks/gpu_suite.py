@@ -22,8 +22,8 @@ figures as `RESULT <metric>=<value> target=<target>` lines (`target=-`: measured
 3. learner, on the larger shape: one update (forward, backward, AdamW) on `--update-tokens`
    tokens in sequences of 1k and 4k tokens (--smoke: 64 and 128), full weights and LoRA (r 16 on
    every projection), each with the fused forward eager and with its layers compiled
-   (`train.compile`: inductor; --smoke: aot_eager, on the first length only), from the same
-   weights: the first update's loss of both (their difference a RESULT), the compiled arm's
+   (`train.compile`: inductor; --smoke: dynamo alone, backend eager, on the first length only),
+   from the same weights: the first update's loss of both (their difference a RESULT), the compiled arm's
    warm-up (its compilation) in seconds; model FLOP/s as a share of the peak: 6 FLOPs per weight
    per token (full) or 4 (LoRA: the frozen weights get no weight gradient), plus attention.
 4. fsdp: `train.shard: fsdp`'s FSDP2 on one rank (NCCL on CUDA, gloo on the CPU) against no shard
@@ -372,13 +372,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="float32 logits the learner computes at a time (model.logits_chunk_mib; 0: the device's default)")
     p.add_argument("--compile-backend", default="",
                    help="torch.compile backend of the learner's compiled arm (default: inductor, as train.compile; "
-                        "--smoke: aot_eager, the same graphs without code generation)")
+                        "--smoke: eager, dynamo's capture without code generation; "
+                        "tests/test_learner_device.py runs inductor)")
     p.add_argument("--work", default="", help="run directory for the GRPO run (default: a temporary one)")
     args = p.parse_args(argv)
     if args.smoke:
         args.device, args.batch, args.prompt_tokens, args.new_tokens, args.update_tokens = "cpu", 4, 8, 8, 256
     args.seq_lens = [64, 128] if args.smoke else [1024, 4096]
-    args.compile_backend = args.compile_backend or ("aot_eager" if args.smoke else "inductor")
+    args.compile_backend = args.compile_backend or ("eager" if args.smoke else "inductor")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: torch sees no CUDA device here (on a CPU: --smoke)")

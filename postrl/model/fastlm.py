@@ -214,13 +214,13 @@ def _after_attention(x, att, o_w, o_b, o_lora, ln2, eps: float, gate_up_w, gate_
 @functools.cache
 def compiled_blocks(backend: str):
     """`_before_attention` and `_after_attention` through torch.compile's `backend` (`train.compile`:
-    inductor; the GPU script's --smoke: aot_eager, the same graphs without code generation): a decoder
-    layer's norms, projections, rotary, activation and residuals, whose elementwise ops inductor
-    fuses (between the matmuls eager mode launches one kernel each). Attention stays outside: it is
-    SDPA's fused kernel already, and its inputs vary in form (shared prefixes, packed segments, a
-    cache written in place), which would break the graph. Compiled once a process, lazily; the
-    weights are arguments, so every layer and every model of an architecture reuses one graph
-    (a new shape recompiles once, with dynamic shapes from then on)."""
+    inductor; the GPU script's --smoke: eager, dynamo's capture alone): a decoder layer's norms,
+    projections, rotary, activation and residuals, whose elementwise ops inductor fuses (between
+    the matmuls eager mode launches one kernel each). Attention stays outside: it is SDPA's fused
+    kernel already, and its inputs vary in form (shared prefixes, packed segments, a cache written
+    in place), which would break the graph. Compiled once a process, lazily, with dynamic shapes
+    (every micro-batch has its own token count); the weights are arguments, so every layer and
+    every model of an architecture reuses one graph (LoRA's factors, or their absence, another)."""
     return (torch.compile(_before_attention, backend=backend, dynamic=True),
             torch.compile(_after_attention, backend=backend, dynamic=True))
 
