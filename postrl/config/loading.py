@@ -188,6 +188,8 @@ def coerce(tp: Any, value: Any, key: str) -> Any:
         return value
     if origin is Literal:
         choice = Choice(typing.get_args(tp))
+        if isinstance(value, bool) and {"on", "off"} <= set(choice.names):
+            value = "on" if value else "off"  # YAML 1.1 reads on and off (yes, no) unquoted as booleans
         if value in choice:
             return value
         raise ConfigError(f"config key '{key}' = {value!r}: {choice.error()}")

@@ -374,6 +374,12 @@ class RolloutConfig:
     their completions are then those of one batch of all rows for the same seeds, not those of chunks
     (hence off by default: seeded runs sample as before). The fused path only: other models run in
     chunks as without it."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """postrl backend: the decode step (every layer, the head, the sampling of the next token) runs
+    as one CUDA graph per batch-size bucket, captured once a run and replayed every step, instead
+    of one kernel launch at a time from Python (postrl.sampling.graphs). auto: on where the model is
+    on a CUDA device and runs on the fused path, else off with one log line; on: an error where it
+    cannot be (a CPU device, a model off the fused path)."""
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 

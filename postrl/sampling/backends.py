@@ -38,6 +38,7 @@ from postrl.errors import ConfigError
 from postrl.registry import Registry
 from postrl.sampling.continuous import generate_slots
 from postrl.sampling.generate import Generation, GenParams, generate
+from postrl.sampling.graphs import decode_graphs
 
 
 @runtime_checkable
@@ -98,12 +99,16 @@ class PostrlBackend:
     model is Llama-family, else the model's own Hugging Face forward. It samples from the model
     object it was built on, so the sampled tokens' log-probs are the learner's to float rounding.
     With `rollout.continuous_batching`, a call decodes through `rollout.max_num_seqs` slots
-    (`postrl.sampling.continuous`)."""
+    (`postrl.sampling.continuous`); with `rollout.cuda_graphs`, the decode step replays a CUDA graph
+    (`postrl.sampling.graphs`; each call copies the model's current fused weights into the graphs'
+    storage, so a new version needs nothing in `load_weights`)."""
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig):
         self.model, self.tok = model, tokenizer
         self.slots = cfg.max_num_seqs if cfg.continuous_batching else None
         """Slots of continuous batching; None: every row of a call decodes at once."""
+        self.graphs = decode_graphs(cfg.cuda_graphs, model, cfg.max_num_seqs)
+        """The decode step's CUDA graphs, by bucket, for the backend's life (`rollout.cuda_graphs`); None: eager."""
         self.version: int | None = None
         """The policy version last loaded: nothing else to do, the model object is the weights."""
 
@@ -112,9 +117,10 @@ class PostrlBackend:
                  on_done: Callable[[list[int], list[Generation]], None] | None = None) -> list[Generation]:
         if self.slots is not None:
             return generate_slots(self.model, prompts, params, self.tok.eos_token_id, self.tok.pad_token_id,
-                                  generator=generator, decode=self._decode, on_done=on_done, slots=self.slots)
+                                  generator=generator, decode=self._decode, on_done=on_done, slots=self.slots,
+                                  graphs=self.graphs)
         return generate(self.model, prompts, params, self.tok.eos_token_id, self.tok.pad_token_id,
-                        generator=generator, decode=self._decode, on_done=on_done)
+                        generator=generator, decode=self._decode, on_done=on_done, graphs=self.graphs)
 
     def load_weights(self, version: int) -> None:
         self.version = version

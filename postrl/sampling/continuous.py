@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from postrl.model.fastlm import FastLM, padding_bias, shared_prefixes
 from postrl.sampling.generate import Generation, GenParams, RowParams, Rows, StopCheck, generate, left_pad
+from postrl.sampling.graphs import DecodeGraphs
 
 _log = logging.getLogger("postrl.sampling.continuous")
 
@@ -67,13 +68,15 @@ def generate_slots(
     slots: int,
     compact_below: float = 0.75,
     on_done: Callable[[list[int], list[Generation]], None] | None = None,
+    graphs: DecodeGraphs | None = None,
 ) -> list[Generation]:
     """`generate`'s completions, with at most `slots` rows decoding at once (see the module
-    docstring). A call of at most `slots` prompts is `generate` itself."""
+    docstring). A call of at most `slots` prompts is `generate` itself (with `graphs`, its decode
+    step's CUDA graphs); the slot loop of a larger call decodes eagerly."""
     longest = max(p.max_new_tokens for p in (params if isinstance(params, list) else [params]))
     if len(prompts) <= slots or longest == 0:
         return generate(model, prompts, params, eos_id, pad_id, generator, decode,
-                        compact_below=compact_below, on_done=on_done)
+                        compact_below=compact_below, on_done=on_done, graphs=graphs)
     lm = FastLM.wrap(model)
     if lm is None:
         _log.info("continuous batching needs the fused FastLM path: %d prompts run in chunks of %d",

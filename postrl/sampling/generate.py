@@ -41,6 +41,7 @@ import torch
 
 from postrl.model.device import model_device
 from postrl.model.fastlm import FastLM, padding_bias, shared_prefixes
+from postrl.sampling.graphs import DecodeGraphs
 
 
 @dataclass
@@ -146,13 +147,16 @@ def generate(
     *,
     compact_below: float = 0.75,
     on_done: Callable[[list[int], list[Generation]], None] | None = None,
+    graphs: DecodeGraphs | None = None,
 ) -> list[Generation]:
     """Sample one completion per prompt. `decode(ids) -> str` is needed only for stop strings.
     `params`: one `GenParams` for every prompt, or a list of one per prompt.
 
     `compact_below`: drop finished rows once live rows are at most this fraction of the batch
     (0 keeps every row to the end; results are identical either way). `on_done(rows, gens)`:
-    called with the indices (into `prompts`) and generations of rows as they finish, each row once."""
+    called with the indices (into `prompts`) and generations of rows as they finish, each row once.
+    `graphs`: decode through these static steps (`postrl.sampling.graphs`, `rollout.cuda_graphs`)
+    where the model runs on the fused path."""
     if not prompts:
         return []
     # a group's samples share their prompt: its prefill runs once and the cache rows are copied
@@ -165,6 +169,8 @@ def generate(
     stepper = _FastStepper(lm, ids, mask, rp.steps) if lm else _HFStepper(model, ids, mask)
     logits = stepper.first()[inverse]
     stepper.keep(inverse)
+    if graphs is not None and lm is not None:  # the static step samples the tokens after the first
+        stepper = graphs.stepper(stepper, rp, len(prompts))
     stop_hit = StopCheck(rp.stops, decode) if any(rp.stops) and decode is not None else None
     out = Rows(len(prompts), rp.steps, rp.limits, on_done, device)
     _sample_loop(logits, stepper, rp, eos_id, generator, stop_hit, compact_below, out)
@@ -218,7 +224,8 @@ def _sample_loop(logits, stepper, params: RowParams, eos_id: int, generator, sto
     for t in range(steps):
         # drawn for every original row, so a row's draw does not depend on the batch's shape
         uniform = None if params.all_greedy else torch.rand(n, generator=generator, device=draw_on).to(device)[rows]
-        tok, lp = params.pick(logits, rows, uniform)
+        # a static step (`graphs`) returns no logits: it samples inside, from these draws
+        tok, lp = params.pick(logits, rows, uniform) if logits is not None else stepper.sample(rows, uniform)
         idx = rows[live]
         tokens[idx, t], logprobs[idx, t] = tok[live], lp[live]
         end = live & (tok == eos_id)
