@@ -135,6 +135,24 @@ def test_static_step_weights_follow_an_optimizer_step_in_place(tiny):
     assert [g.logprobs for g in after] != [g.logprobs for g in before]
 
 
+def test_a_replaced_parameter_makes_the_steps_again_with_one_log_line(tiny, caplog):
+    """A parameter replaced by a new tensor (not updated in place) is not the storage the steps read:
+    they are made again on the new weights rather than read the old ones."""
+    model, tok, prompts = tiny
+    model = copy.deepcopy(model)
+    tiny = (model, tok, prompts)
+    graphs = eager_static(model, exact=True)
+    sample(tiny, GenParams(8, greedy=True), graphs=graphs)
+    norm = model.model.norm
+    norm.weight = torch.nn.Parameter(norm.weight.detach() * 3.0)
+    with caplog.at_level(logging.INFO, logger="postrl.sampling.graphs"):
+        got, _ = sample(tiny, GenParams(8, greedy=True), graphs=graphs)
+    assert len(caplog.records) == 1 and "replaced, not updated in place" in caplog.text
+    assert graphs.outer[1] is norm.weight
+    eager, _ = sample(tiny, GenParams(8, greedy=True))
+    assert [g.logprobs for g in got] == [g.logprobs for g in eager]
+
+
 def test_cuda_graphs_auto_is_off_on_the_cpu_with_one_log_line_and_on_is_a_one_line_error(tiny, caplog,
                                                                                          monkeypatch):
     model, tok, _ = tiny

@@ -26,13 +26,14 @@ run kernels meanwhile) and replays; every bucket's graph shares one memory pool,
 because no step's result lives in the pool (they are copied into static tensors inside the step).
 
 Weights. The step reads the model's own parameters where `FastLM.layers()` hands them over as
-they are (norms, o and down projections), and its own tensors for the rest: the fused q/k/v and
-gate/up weights `layers()` builds by concatenation (LoRA folded in: every projection), made once,
-and the embedding, final norm and head, which start as the parameters themselves. Every `generate`
-call copies the current weights into that storage (`DecodeGraphs.refresh`, `copy_`) wherever it is
-not the parameter's own: a new policy version never re-captures, and a parameter replaced by a new
-tensor rather than updated in place is copied into the storage the graph reads too. The fused
-copies cost the memory of the q/k/v and gate/up weights once more (all seven projections with LoRA).
+they are (norms, o and down projections; the embedding and head), and its own copies of what
+`layers()` builds by concatenation (the fused q/k/v and gate/up weights; with LoRA, every projection
+with its factors folded in). Every `generate` call copies the current weights into those copies
+(`DecodeGraphs.refresh`, `copy_` into the storage the graphs read); the learner updates the
+parameters in place, which the graphs see as they are: a new policy version never re-captures. A
+parameter the model replaced by another tensor (not updated in place) is out of the graphs' reach:
+they are then made again, with one log line. The fused copies cost the memory of the q/k/v and
+gate/up weights once more (of all seven projections with LoRA).
 The layers run `FastLM.hidden`'s own functions (`_before_attention`, `_after_attention`,
 `_one_query_attention`), so the floats are its floats; `hidden` itself takes the write column as a
 Python int, which a graph would bake in.
@@ -111,7 +112,7 @@ class DecodeGraphs:
         with torch.no_grad():
             self.layers = lm.layers()  # the storage every step reads; `refresh` writes into it
         self.outer = _outer(lm)
-        """The embedding, final norm and head weights (head bias or None) the steps read."""
+        """The model's embedding, final norm and head weights (head bias or None) the steps read."""
         self.steps: dict[tuple[int, int, bool], StaticStep] = {}
         self.tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pool = None
@@ -119,18 +120,22 @@ class DecodeGraphs:
         self.warned = False
 
     def refresh(self, layers) -> None:
-        """Copy the current weights (`lm.layers()` of this call) into the storage the steps read,
-        where they are not that storage already."""
-        for mine, new in zip(self.outer, _outer(self.lm)):
-            if mine is not None and mine.data_ptr() != new.data_ptr():
-                mine.copy_(new)
-        for static, now in zip(self.layers, layers):
-            for f in fields(static):
-                mine, new = getattr(static, f.name), getattr(now, f.name)
-                if torch.is_tensor(mine) and mine.data_ptr() != new.data_ptr():
-                    mine.copy_(new)
-                elif not torch.is_tensor(mine) and (mine is None) != (new is None):
-                    raise ValueError(f"the model's {f.name} changed form since the decode graphs were made")
+        """Copy the current weights (`lm.layers()` of this call) into the tensors the steps read that
+        are copies (the fused ones); the model's own parameters are read where they are. A parameter
+        the model replaced by another tensor (not updated in place) cannot be reached that way: the
+        steps are then made (and captured) again, on these weights, with one log line."""
+        outer = _outer(self.lm)
+        pairs = [*zip(self.outer, outer),
+                 *((getattr(mine, f.name), getattr(now, f.name)) for mine, now in zip(self.layers, layers)
+                   for f in fields(mine))]
+        if any((isinstance(a, torch.nn.Parameter) and a is not b) or (a is None) != (b is None) for a, b in pairs):
+            _log.info("rollout.cuda_graphs: the model's parameters were replaced, not updated in place: "
+                      "the decode steps are made again")
+            self.layers, self.outer, self.steps, self.pool = layers, outer, {}, None
+            return
+        for a, b in pairs:
+            if torch.is_tensor(a) and a is not b:
+                a.copy_(b)
 
     def step(self, n: int, length: int, truncate: bool) -> StaticStep:
         """The static step of the bucket holding `n` rows (length, top-p), made on first use."""
