@@ -7,7 +7,9 @@ path), see the same prompts in the same order, and run the same step: `prompts_p
 x `samples_per_prompt` completions of at most `max_new_tokens`, rewarded by the same arith
 verifier, then `ppo_epochs x minibatches` optimiser steps of clipped GRPO with a k3 KL penalty
 (beta = kl_coef), token-mean aggregation (TRL's loss_type="dapo"), std-scaled group advantages,
-the recipe's clip range and learning rate. CPU only, no vLLM; both use the same torch thread count.
+the recipe's clip range and learning rate, in float32 and with gradient checkpointing only as the recipe's
+model.gradient_checkpointing says (TRL's defaults are bf16 autocast and checkpointing on). CPU only, no
+vLLM; both use the same torch thread count.
 
 Each arm trains for the same wall-clock budget; throughput comes from its steps after the first
 (warm-up), and both trained models are then scored by `postrl.evaluation.evaluate_domain` on the
@@ -22,7 +24,7 @@ import tempfile
 import time
 
 import torch
-from _harness import Bench, parser  # benchmarks/, on the path when this script runs
+from _harness import Bench, load_avg, parser  # benchmarks/, on the path when this script runs
 
 from postrl.builtin_models import load_model, resolve_model_path
 from postrl.config.loading import load_config
@@ -43,7 +45,7 @@ def run_postrl(path, cfg, tasks, budget_s: float) -> tuple[list[float], int, Pol
     domains = build_domains(cfg)
     model, tok = load_model(str(path), log=lambda *a: None)
     policy = Policy(model, tok)
-    learner = Learner(policy, make_reference(model), cfg.train, cfg.rl)
+    learner = Learner(policy, make_reference(model), cfg.train, cfg.rl, cfg.model)  # model.gradient_checkpointing
     gen = GenParams(cfg.train.max_new_tokens, cfg.train.temperature, cfg.train.top_p)
     p, n = cfg.train.prompts_per_step, cfg.train.samples_per_prompt
     times, tokens, start, step = [], 0, time.perf_counter(), 0
@@ -92,6 +94,12 @@ def run_trl(path, cfg, tasks, budget_s: float, workdir: str):
         scale_rewards="group" if cfg.rl.scale_by_std else "none", learning_rate=t.lr,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
         max_steps=10**6, shuffle_dataset=False, seed=cfg.seed, disable_dropout=True, dataloader_num_workers=0,
+        # TRL's own defaults (GRPOConfig, 1.16.0) change the work, not only its speed: bf16=True runs every
+        # matmul of sampling and update in bf16 autocast (postrl computes in float32), and
+        # gradient_checkpointing=True recomputes each forward in the backward (both arms do only when the recipe
+        # sets model.gradient_checkpointing). On a CPU without native bf16 (no AVX512_BF16 or AMX) the bf16
+        # default alone made TRL's step about 6x slower; see docs/benchmarks.md#speed.
+        bf16=False, fp16=False, gradient_checkpointing=cfg.model.gradient_checkpointing,
     )
     marks: list[float] = []
     optimiser_steps = t.minibatches * t.ppo_epochs  # per generation batch, as in postrl
@@ -147,7 +155,7 @@ def main() -> None:
     t = cfg.train
     print(f"model {path}; {t.prompts_per_step} prompts x {t.samples_per_prompt} samples, max_new_tokens="
           f"{t.max_new_tokens}, {t.ppo_epochs}x{t.minibatches} optimiser steps/batch, kl_coef={cfg.rl.kl_coef}, "
-          f"torch threads={a.threads}, budget {a.budget_s:.0f}s per arm")
+          f"torch threads={a.threads}, budget {a.budget_s:.0f}s per arm; load average {load_avg():.2f}")
     base_model, base_tok = load_model(str(path), log=lambda *x: None)
     base = evaluate(Policy(base_model, base_tok), cfg, a.eval_problems, a.eval_samples)
     results = {}
@@ -162,9 +170,11 @@ def main() -> None:
 
 
 def report(results: dict, base: dict, a, bench: Bench) -> None:
+    import transformers
     import trl
 
-    print(f"trl {trl.__version__}, torch {torch.__version__}; held-out: {a.eval_problems} problems x "
+    print(f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, load average "
+          f"{load_avg():.2f}; held-out: {a.eval_problems} problems x "
           f"{a.eval_samples} samples; base model pass@1={base['pass@1']:.3f} greedy={base['greedy']:.3f}")
     print(f"{'':8s} {'steps':>6s} {'sec/step':>9s} {'compl/s':>9s} {'tokens/s':>9s} "
           f"{'pass@1 @' + str(int(a.budget_s)) + 's':>14s} {'greedy':>7s}")
