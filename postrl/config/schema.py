@@ -379,7 +379,8 @@ class RolloutConfig:
     as one CUDA graph per batch-size bucket, captured once a run and replayed every step, instead
     of one kernel launch at a time from Python (postrl.sampling.graphs). auto: on where the model is
     on a CUDA device and runs on the fused path, else off with one log line; on: an error where it
-    cannot be (a CPU device, a model off the fused path)."""
+    cannot be (a CPU device, a model off the fused path). With continuous_batching, a call of more
+    rows than max_num_seqs decodes through its slots eagerly."""
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
