@@ -189,5 +189,26 @@ def test_a_call_above_the_largest_bucket_decodes_eagerly_with_one_log_line(tiny,
     with caplog.at_level(logging.INFO, logger="postrl.sampling.graphs"):
         got, _ = sample(tiny, GenParams(8), graphs=graphs)
         sample(tiny, GenParams(8), graphs=graphs)
-    assert not graphs.steps and len(caplog.records) == 1 and "exceed the largest bucket (16)" in caplog.text
+    assert not graphs.steps and len(caplog.records) == 1 and "more rows than the largest bucket (16)" in caplog.text
     assert [g.logprobs for g in got] == [g.logprobs for g in sample(tiny, GenParams(8))[0]]
+
+
+def test_a_call_while_another_holds_the_steps_decodes_eagerly_and_the_steps_are_freed_after_each_call(tiny, caplog):
+    model, tok, prompts = tiny
+    graphs = eager_static(model)
+    def fail(ids):
+        raise RuntimeError("a stop-string check that fails mid-call")
+
+    with pytest.raises(RuntimeError, match="mid-call"):  # the steps are freed all the same
+        generate(model, prompts, GenParams(8, stop_strings=("x",)), tok.eos_token_id, tok.pad_token_id, decode=fail,
+                 graphs=graphs)
+    assert not graphs.lock.locked()
+    sample(tiny, GenParams(8), graphs=graphs)
+    assert not graphs.lock.locked() and graphs.steps
+    made = dict(graphs.steps)
+    graphs.lock.acquire()  # another thread's call, in flight
+    with caplog.at_level(logging.INFO, logger="postrl.sampling.graphs"):
+        got, _ = sample(tiny, GenParams(8, greedy=True), graphs=graphs)
+    graphs.lock.release()
+    assert "another one decodes through the steps" in caplog.text and graphs.steps == made
+    assert [g.logprobs for g in got] == [g.logprobs for g in sample(tiny, GenParams(8, greedy=True))[0]]

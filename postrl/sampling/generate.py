@@ -169,11 +169,15 @@ def generate(
     stepper = _FastStepper(lm, ids, mask, rp.steps) if lm else _HFStepper(model, ids, mask)
     logits = stepper.first()[inverse]
     stepper.keep(inverse)
-    if graphs is not None and lm is not None:  # the static step samples the tokens after the first
-        stepper = graphs.stepper(stepper, rp, len(prompts))
+    # the static step (`graphs`) samples the tokens after the first; None: decode eagerly
+    static = graphs.stepper(stepper, rp, len(prompts)) if graphs is not None and lm is not None else None
     stop_hit = StopCheck(rp.stops, decode) if any(rp.stops) and decode is not None else None
     out = Rows(len(prompts), rp.steps, rp.limits, on_done, device)
-    _sample_loop(logits, stepper, rp, eos_id, generator, stop_hit, compact_below, out)
+    try:
+        _sample_loop(logits, static or stepper, rp, eos_id, generator, stop_hit, compact_below, out)
+    finally:
+        if static is not None:
+            static.close()
     return out.finish()
 
 

@@ -20,7 +20,8 @@ the columns past the step's (computed inside the step from the column tensor). A
 made on first use and kept for the backend's life (`DecodeGraphs`), so a run captures each bucket
 once, not once per step; when `generate` drops finished rows, the live rows move into the smaller
 bucket's cache. Calls of more rows than the largest bucket (above `rollout.max_num_seqs`) decode
-eagerly, with one log line. On CUDA a bucket's first two steps run eagerly on a side stream (the
+eagerly, with one log line; so does a call made while another thread's call holds the steps (their
+buffers serve one call at a time). On CUDA a bucket's first two steps run eagerly on a side stream (the
 warm-up capture asks for), the third captures it (thread-local capture mode: a learner thread may
 run kernels meanwhile) and replays; every bucket's graph shares one memory pool, which is safe
 because no step's result lives in the pool (they are copied into static tensors inside the step).
@@ -59,6 +60,7 @@ tensor, a true division) give bitwise equal log-probs there; the GPU lease check
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import fields
 
 import torch
@@ -117,7 +119,10 @@ class DecodeGraphs:
         self.tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pool = None
         """The memory pool every captured graph shares."""
-        self.warned = False
+        self.warned: set[str] = set()
+        """The reasons to decode a call eagerly already logged (once each)."""
+        self.lock = threading.Lock()
+        """Held by the call decoding through the steps: their buffers serve one call at a time."""
 
     def refresh(self, layers) -> None:
         """Copy the current weights (`lm.layers()` of this call) into the tensors the steps read that
@@ -147,18 +152,24 @@ class DecodeGraphs:
             self.steps[key] = StaticStep(self, rows, length, truncate)
         return self.steps[key]
 
-    def stepper(self, fast, params, n: int):
+    def stepper(self, fast, params, n: int) -> GraphStepper | None:
         """`generate`'s stepper for a call of `n` rows whose prompts `fast` (a `_FastStepper`, its
-        rows already those of the call) has prefilled: a `GraphStepper`, or `fast` itself when
-        the call has more rows than the largest bucket."""
-        if n > self.max_rows:
-            if not self.warned:
-                _log.info("rollout.cuda_graphs: %d rows exceed the largest bucket (%d): decoding eagerly",
-                          n, self.max_rows)
-                self.warned = True
-            return fast
-        self.refresh(fast.layers)
-        return GraphStepper(self, fast, params, n)
+        rows already those of the call) has prefilled, to be closed when the call ends; None (decode
+        eagerly, one log line) when the call has more rows than the largest bucket, or while another
+        thread's call holds the steps (an eval beside the threaded engine's sampling)."""
+        why = (f"a call of more rows than the largest bucket ({self.max_rows})" if n > self.max_rows
+               else "" if self.lock.acquire(blocking=False) else "a call while another one decodes through the steps")
+        if why:
+            if why not in self.warned:
+                _log.info("rollout.cuda_graphs: %s decodes eagerly", why)
+                self.warned.add(why)
+            return None
+        try:
+            self.refresh(fast.layers)
+            return GraphStepper(self, fast, params, n)
+        except BaseException:
+            self.lock.release()
+            raise
 
 
 class StaticStep:
@@ -284,6 +295,10 @@ class GraphStepper:
         self.written = fast.col
         """Columns written before this step (the static step's `col`, known on the host)."""
         _clear_padding(st, n)
+
+    def close(self) -> None:
+        """The call has ended: the steps are free for the next."""
+        self.owner.lock.release()
 
     def step(self, tok: torch.Tensor) -> None:
         self.static.tok[: self.n] = tok
