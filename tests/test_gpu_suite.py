@@ -29,12 +29,17 @@ def test_the_gpu_suite_smoke_runs_every_section_and_prints_its_figures(builtin_m
             *(f"tiny:4rows:{b}:{figure}" for b in backends
               for figure in ("tokens_per_s", "bandwidth_share", "logp_abs_diff_mean")),
             "tiny:4rows:hf_static:tokens_per_s", "tiny:4rows:hf_static:bandwidth_share",
+            *(f"tiny:4rows:postrl_graphs:{figure}" for figure in ("tokens_per_s", "logp_abs_diff_mean", "warmup_s",
+                                                                  "same_tokens_as_eager", "same_tokens_twice")),
             *(["tiny:4rows:vllm:sync_ms"] if "vllm" in backends else [])}
     assert want <= set(results), sorted(want - set(results))
     assert all(math.isfinite(v) and v >= 0 for v in results.values()), results
     assert all(results[f"tiny:4rows:{b}:tokens_per_s"] > 0 for b in [*backends, "hf_static"])
     # float32, the learner's recomputation on the very weights each engine sampled with
-    assert all(results[f"tiny:4rows:{b}:logp_abs_diff_mean"] < 1e-4 for b in backends)
+    assert all(results[f"tiny:4rows:{b}:logp_abs_diff_mean"] < 1e-4 for b in [*backends, "postrl_graphs"])
+    # the static decode steps, eager on the CPU: one seed, the eager engine's tokens, and the same twice
+    assert results["tiny:4rows:postrl_graphs:same_tokens_as_eager"] == 1
+    assert results["tiny:4rows:postrl_graphs:same_tokens_twice"] == 1
     assert all(0 < results[f"learner:{k}:seq64:flops_share"] for k in ("full", "lora"))
     # float32: compiled layers and the one-rank FSDP2 update give the eager, unsharded loss
     assert all(results[f"learner:{k}:seq64:compile:loss_abs_diff"] <= 1e-5 for k in ("full", "lora"))
