@@ -66,7 +66,6 @@ from dataclasses import fields
 import torch
 import torch.nn.functional as F
 
-from postrl.errors import ConfigError
 from postrl.model.fastlm import FastLM, _after_attention, _before_attention, _one_query_attention
 
 _log = logging.getLogger("postrl.sampling.graphs")
@@ -91,6 +90,9 @@ def decode_graphs(setting: str, model, max_rows: int) -> DecodeGraphs | None:
     why = ("the model does not run on the fused FastLM path" if lm is None
            else f"the model is on {lm.device.type}, not a CUDA device" if lm.device.type != "cuda" else "")
     if why and setting == "on":
+        # imported here: benchmarks/gpu_step.py runs with postrl's model, sampling and learner packages alone
+        from postrl.errors import ConfigError
+
         raise ConfigError(f"config key 'rollout.cuda_graphs' = 'on': {why}")
     if why:
         _log.info("rollout.cuda_graphs: auto: the decode step runs eagerly: %s", why)
