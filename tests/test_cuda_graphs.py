@@ -153,6 +153,34 @@ def test_a_replaced_parameter_makes_the_steps_again_with_one_log_line(tiny, capl
     assert [g.logprobs for g in got] == [g.logprobs for g in eager]
 
 
+def test_a_capture_that_fails_decodes_eagerly_under_auto_and_is_one_line_error_under_on(tiny, caplog, monkeypatch):
+    """The capture has not yet run on a GPU: where it fails, `auto` keeps sampling (the same static
+    steps eagerly, from the step whose capture failed on: the same floats as never capturing) with
+    one warning, and `on` stops with one line naming the key and the failure."""
+    model, tok, prompts = tiny
+
+    def fails(self):
+        raise RuntimeError("planted capture failure\nsecond line")
+
+    monkeypatch.setattr(graphs_module.StaticStep, "_warm_or_capture", fails)
+    params = PARAMS["mixed"](tok, len(prompts))
+    want, want_state = sample(tiny, params, graphs=eager_static(model))
+    auto = DecodeGraphs(FastLM.wrap(model), capture=True, max_rows=512)
+    with caplog.at_level(logging.INFO, logger="postrl.sampling.graphs"):
+        got, got_state = sample(tiny, params, graphs=auto)
+        again, _ = sample(tiny, params, graphs=auto)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want] == [g.token_ids for g in again]
+    assert [g.logprobs for g in got] == [g.logprobs for g in want]
+    assert torch.equal(got_state, want_state) and not auto.capture
+    assert len(caplog.records) == 1 and "planted capture failure" in caplog.text and "runs eagerly" in caplog.text
+    on = DecodeGraphs(FastLM.wrap(model), capture=True, max_rows=512, strict=True)
+    with pytest.raises(ConfigError) as e:
+        sample(tiny, params, graphs=on)
+    assert str(e.value) == ("config key 'rollout.cuda_graphs' = 'on': the decode step could not be captured: "
+                            "RuntimeError: planted capture failure")
+    assert on.lock.acquire(blocking=False)  # the failed call freed the steps
+
+
 def test_cuda_graphs_auto_is_off_on_the_cpu_with_one_log_line_and_on_is_a_one_line_error(tiny, caplog,
                                                                                          monkeypatch):
     model, tok, _ = tiny

@@ -25,6 +25,8 @@ buffers serve one call at a time). On CUDA a bucket's first two steps run eagerl
 warm-up capture asks for), the third captures it (thread-local capture mode: a learner thread may
 run kernels meanwhile) and replays; every bucket's graph shares one memory pool, which is safe
 because no step's result lives in the pool (they are copied into static tensors inside the step).
+A capture that fails (it has not yet run on a GPU) makes `auto` decode through the same steps
+eagerly from then on, with one warning; under `on` it is a one-line ConfigError.
 
 Weights. The step reads the model's own parameters where `FastLM.layers()` hands them over as
 they are (norms, o and down projections; the embedding and head), and its own copies of what
@@ -97,17 +99,20 @@ def decode_graphs(setting: str, model, max_rows: int) -> DecodeGraphs | None:
     if why:
         _log.info("rollout.cuda_graphs: auto: the decode step runs eagerly: %s", why)
         return None
-    return DecodeGraphs(lm, capture=True, max_rows=max_rows)
+    return DecodeGraphs(lm, capture=True, max_rows=max_rows, strict=setting == "on")
 
 
 class DecodeGraphs:
     """The static decode steps of one model, by bucket, kept for the owner's life (see the module
     docstring). `capture`: CUDA graphs; False: the same steps eagerly (the CPU, tests)."""
 
-    def __init__(self, lm: FastLM, capture: bool, max_rows: int, exact: bool = False):
+    def __init__(self, lm: FastLM, capture: bool, max_rows: int, exact: bool = False, strict: bool = False):
         if capture and exact:
             raise ValueError("exact shapes follow the batch and a host-side column count, which a captured step cannot")
         self.lm, self.capture, self.exact = lm, capture, exact
+        self.strict = strict
+        """A capture that fails is an error (`rollout.cuda_graphs: on`); else (auto) the steps run
+        eagerly from then on, with one log line."""
         """exact (eager only, for tests): the batch's own row count and attention over the columns
         written so far, as `generate`'s eager decode has them, rather than the buckets' padded rows
         and whole cache; the two round differently on a CPU (see the module docstring)."""
@@ -205,19 +210,38 @@ class StaticStep:
             self.graph.replay()
         elif not owner.capture:
             self._forward(written if owner.exact else self.length)
-        elif self.warm < WARMUP_STEPS:
+        else:
+            try:
+                self._warm_or_capture()
+            except Exception as e:  # never yet run on a GPU: auto keeps sampling, eagerly
+                reason = (str(e).splitlines() or [type(e).__name__])[0][:300]
+                if owner.strict:
+                    from postrl.errors import ConfigError  # here: see decode_graphs
+
+                    raise ConfigError(f"config key 'rollout.cuda_graphs' = 'on': the decode step could not be "
+                                      f"captured: {type(e).__name__}: {reason}") from e
+                _log.warning("rollout.cuda_graphs: auto: capturing the decode step failed (%s: %s); it runs "
+                             "eagerly from now on", type(e).__name__, reason)
+                owner.capture = False
+                self._forward(self.length)  # the step the failed capture did not compute
+
+    def _warm_or_capture(self) -> None:
+        """CUDA: the bucket's first steps eagerly on a side stream (as capture asks), then its capture
+        and first replay."""
+        owner = self.owner
+        if self.warm < WARMUP_STEPS:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self._forward(self.length)
             torch.cuda.current_stream().wait_stream(side)
             self.warm += 1
-        else:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=owner.pool, capture_error_mode="thread_local"):
-                self._forward(self.length)  # recorded, not run
-            owner.pool, self.graph = graph.pool(), graph
-            graph.replay()
+            return
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=owner.pool, capture_error_mode="thread_local"):
+            self._forward(self.length)  # recorded, not run
+        owner.pool, self.graph = graph.pool(), graph
+        graph.replay()
 
     def _forward(self, seen: int) -> None:
         """The captured region: `FastLM.hidden`'s ops for one token a row, then `pick_static`.
