@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from postrl.config.schema import Config, LoraConfig
+from postrl.config.schema import Config, LoraConfig, RolloutConfig
 from postrl.model.fastlm import COVERED
 from postrl.model.logprobs import chunk_rows, logits_chunk_mib
 
@@ -108,6 +108,8 @@ class Workload:
     share those tokens' states."""
     minibatch_distinct_share: float = 1.0
     """The same within one minibatch of the update, whose rows are shuffled across minibatches."""
+    max_batch: int = RolloutConfig().max_num_seqs
+    """Rows sampled at once (rollout.max_num_seqs): a step of more rows samples in chunks of this many."""
 
     @property
     def rows(self) -> int:
@@ -142,16 +144,14 @@ def workload(cfg: Config, tok, prompt_tokens: float | None = None, completion_to
         prompt_tokens = statistics.mean(len(prompt_ids(tok, task)) for task in tasks)
     limit = cfg.train.max_new_tokens
     return Workload(cfg.train.prompts_per_step, cfg.train.samples_per_prompt, prompt_tokens, limit,
-                    min(completion_tokens or limit, limit))
+                    min(completion_tokens or limit, limit), max_batch=cfg.rollout.max_num_seqs)
 
 
 def matmul_shapes(cfg: Config, model: ModelFacts, work: Workload) -> dict[str, tuple[int, int, int]]:
     """Rows x in x out of the step's matmuls that run below the square ones' rate on a CPU: the
-    batch (at most Policy's MAX_BATCH rows) through the MLP's first projection ("decode"), and at
+    batch (at most work.max_batch rows) through the MLP's first projection ("decode"), and at
     most a logits chunk's rows through the vocabulary head ("head")."""
-    from postrl.sampling.policy import MAX_BATCH
-
-    rows = min(work.rows, MAX_BATCH)
+    rows = min(work.rows, work.max_batch)
     chunk = chunk_rows(model.vocab, logits_chunk_mib(cfg.model.logits_chunk_mib, torch.device("cpu")))
     return {"decode": (rows, model.hidden, model.intermediate), "head": (min(rows, chunk), model.hidden, model.vocab)}
 

@@ -64,20 +64,18 @@ def with_host(hw: Hardware, device_s: float, host_s: float) -> float:
 def sampling_seconds(model: ModelFacts, hw: Hardware, work: Workload, lora: LoraConfig, dtype: int,
                      host_per_step: float) -> tuple[float, float, str, float, float]:
     """(prefill, decode, decode bound, host, total) seconds of sampling `work`, in chunks of
-    Policy's MAX_BATCH rows, for work.new_tokens steps (the longest row's) with the rows' mean
+    work.max_batch rows, for work.new_tokens steps (the longest row's) with the rows' mean
     share of them live. Attention's FLOPs and the vocabulary's bytes count on a GPU only: on a CPU
     the measured part holds them."""
-    from postrl.sampling.policy import MAX_BATCH
-
     p, c, attention = work.prompt_tokens, work.new_tokens, float(hw.accelerator)
     live = work.completion_tokens / c  # rows still generating, on average: finished rows leave the batch
     adapters = 0 if model.fused(lora) else model.adapters(lora)  # fused: folded into the weights per call
     weights = (model.matmul + model.head + adapters) * dtype
     prefill = (work.prompts * (2 * model.matmul * p + attention * model.attention_flops(p, p / 2)) / hw.flops
                + work.prompts * 2 * model.head / hw.rate("head"))
-    decode, bound, chunks = 0.0, "compute", math.ceil(work.rows / MAX_BATCH)
+    decode, bound, chunks = 0.0, "compute", math.ceil(work.rows / work.max_batch)
     for t in range(1, c):  # the first token comes from the prefill's logits, the last is never fed back
-        for rows in [MAX_BATCH * live] * (chunks - 1) + [(work.rows - MAX_BATCH * (chunks - 1)) * live]:
+        for rows in [work.max_batch * live] * (chunks - 1) + [(work.rows - work.max_batch * (chunks - 1)) * live]:
             body = rows * (2 * (model.matmul + adapters) + attention * model.attention_flops(1, p + t))
             compute = body / hw.rate("decode") + rows * 2 * model.head / hw.rate("head")
             memory = (weights + rows * (model.kv_bytes(dtype) * (p + t) + attention * model.vocab_bytes)) / hw.bytes_per_s
@@ -159,7 +157,8 @@ def eval_seconds(cfg: Config, model: ModelFacts, work: Workload, hw: Hardware, h
     eval.num_problems held-out problems, at the step's prompt length and max_new_tokens."""
     total = 0.0
     for samples in (1, cfg.eval.samples_per_problem):
-        shape = Workload(cfg.eval.num_problems, samples, work.prompt_tokens, work.new_tokens, work.completion_tokens)
+        shape = Workload(cfg.eval.num_problems, samples, work.prompt_tokens, work.new_tokens, work.completion_tokens,
+                         max_batch=work.max_batch)
         total += sampling_seconds(model, hw, shape, cfg.model.lora, dtype_bytes(cfg), host_per_step)[-1]
     return len(cfg.eval.domains or cfg.domains) * total
 

@@ -15,29 +15,28 @@ from postrl.records import Sample, Task
 from postrl.sampling.backends import SAMPLING_BACKENDS, SamplingBackend, backend_factory, make_backend
 from postrl.sampling.generate import Generation, GenParams
 
-MAX_BATCH = RolloutConfig().max_num_seqs
-"""Sequences generated at once by default (bounds KV-cache memory); a larger call runs in chunks."""
-
 
 class Policy:
     def __init__(self, model, tokenizer, max_batch: int | None = None, rollout: RolloutConfig | None = None):
         self.model = model
         self.tok = tokenizer
         rollout = rollout or RolloutConfig()
-        self.max_batch = max_batch or rollout.max_num_seqs
-        """Largest number of sequences generated at once (bounds KV-cache memory; `rollout.max_num_seqs`
-        unless given)."""
         self.version = 0
         """Optimiser updates applied so far; stamped on every sample."""
-        self.rollout = replace(rollout, max_num_seqs=self.max_batch)
-        """The sampling backend's settings (`rollout`; `rollout.backend` names it), with max_batch
-        as its `max_num_seqs`: the slots of a backend that batches continuously."""
+        self.rollout = replace(rollout, max_num_seqs=max_batch or rollout.max_num_seqs)
+        """The sampling backend's settings (`rollout`; `rollout.backend` names it), `max_batch` (when
+        given) as its `max_num_seqs`: the slots of a backend that batches continuously."""
         backend_factory(self.rollout.backend)  # an unknown name fails here, not at the first sample
         self._backend: SamplingBackend | None = None
         self._synced: int | None = None
         """The version the backend last loaded; None: it loads before the next sampling call."""
         self._sync_s = 0.0
         """Seconds the backend spent loading weights since `take_sync_s` last read them."""
+
+    @property
+    def max_batch(self) -> int:
+        """Largest number of sequences generated at once (bounds KV-cache memory): `rollout.max_num_seqs`."""
+        return self.rollout.max_num_seqs
 
     @property
     def backend(self) -> SamplingBackend:
