@@ -1,7 +1,8 @@
-"""Several domains trained jointly into one real model, against each trained alone: is there a seesaw?
+"""Several domains trained jointly into one real model, against each trained alone and against the
+domains trained one after the other: is there a seesaw, and does joint training avoid it?
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/joint_vs_single.py [--quick] [--out DIR] [--runs DIR]
-        [--fresh] [--steps N] [--set KEY=VALUE ...] [--arms ARM,ARM] [--seeds N]
+        [--base FILE] [--fresh] [--steps N] [--set KEY=VALUE ...] [--arms ARM,ARM] [--seeds N]
 
 The recipe (recipes/smollm2-joint.yaml) trains SmolLM2-135M-Instruct with LoRA on three domains of
 different kinds, all from JSONL files a user could have brought: word problems graded by the math
@@ -10,22 +11,39 @@ verifier after a chain of thought (GSM8K format), reasoning-gym's letter_countin
 in the sandbox. An eval-only control (one-step multiplication word problems) is never trained on.
 
 Arms, each given the same number of sampled completions (same steps x prompts x samples, dynamic
-sampling off): the base model; each domain trained alone; all three jointly with a uniform mixture
-(`curriculum.schedule: fixed`); all three jointly with the learnability curriculum. The joint runs
-evaluate every few steps with the seesaw alerts on. Every arm is measured on the same held-out
-problems (200 a domain; one sample at T=0.7 with the same seeds, and greedy), and each change is
-reported with its paired standard error against the base model (benchmarks/_gain.py).
+sampling off): the base model; each domain trained alone (`single_<domain>`); all three jointly with
+a uniform mixture (`joint_uniform`, `curriculum.schedule: fixed`); all three jointly with the
+learnability curriculum (`joint_curriculum`); and the three one after the other, what a user who
+fine-tunes on one domain at a time gets (`sequential`: the recipe's order, word problems, letter
+counting, code; `sequential_rev`: the reverse). A sequential arm is one run whose schedule
+(`sequential`, registered by this script for its runs) draws only the first domain for a third of the
+steps, then only the second, then only the third, so each stage goes on from the previous one's
+weights, optimiser, LR schedule and KL reference (the base model) as one run does; the stages'
+lengths are `stage_lengths` (14 steps: 5, 5, 4). The joint runs evaluate every few steps with the
+seesaw alerts on. Every arm is measured on the same held-out problems (200 a domain; one sample at
+T=0.7 with the same seeds, and greedy), and each change is reported with its paired standard error
+against the base model (benchmarks/_gain.py). Besides its final weights:
+  - a sequential arm's weights after each earlier stage (the run's checkpoint at the stage's end) are
+    measured on every domain and the control, so the forgetting of each earlier domain is read from
+    its record (`stages`);
+  - a single arm's weights after the first third of its steps (its checkpoint there), when it has
+    seen about the completions its domain gets in a joint arm, are measured on its own domain
+    (`equal`): "joint against single at equal completions of the domain" is read from the records.
 `--seeds N` runs the joint curriculum again under N-1 more seeds and reports each run's gains and
 their mean: at 10 steps two runs of one recipe differ as much as the schedules could.
 
 Each arm's result is kept in OUT/<arm>.json, with what the report needs of its run (the seesaw
-alerts, the curriculum's weights step by step, the in-run eval curves), the date, the commit and
-the load it ran under; its run directory is RUNS/<arm> (OUT/<arm>.trained.json once its training
-has finished). Run the script again and it goes on from the first arm it has not finished, without
-training again an arm whose training had finished, as long as the settings are the same (`--fresh`
-starts over). The full size keeps its records in benchmarks/results/joint_vs_single_14steps/, in
-the repository (the 10-step run's stay in benchmarks/results/joint_vs_single/, read with `--steps 10
---out benchmarks/results/joint_vs_single`): the arms take longer together than one sitting on a
+alerts, the curriculum's weights step by step, the in-run eval curves, where its time went: the
+`time/*` metrics summed), the date, the commit and the load it ran under; its run directory is
+RUNS/<arm> (OUT/<arm>.trained.json once its training has finished). The base model's measurement is
+one shared record (--base; the full size's in benchmarks/results/joint_vs_single_base.json, read by
+every --out; an OUT/base.json of an older layout with the same measurement is taken up into it). Run
+the script again and it goes on from the first arm it has not finished, without training again an
+arm whose training had finished, as long as the settings are the same (`--fresh` starts over). With
+`--arms` only those arms run; the others' kept records are reported with them, and the arms with no
+record are named. The full size keeps its records in benchmarks/results/joint_vs_single_14steps/,
+in the repository (the 10-step run's stay in benchmarks/results/joint_vs_single/, read with `--steps
+10 --out benchmarks/results/joint_vs_single`): the arms take longer together than one sitting on a
 2-core machine, so a sitting commits the arms it finished and the next goes on from them. The arms
 run with the joint ones first, since the acceptance rests on them. The total time printed is the
 sum of the arms' own times.
@@ -34,6 +52,8 @@ Targets (issue 31): in the joint curriculum arm every trained domain above its b
 2 SE and no domain below its base by more than 2 SE; on each domain the joint curriculum arm within
 2 SE of, or above, the domain's single arm; the whole benchmark within 3 hours on 2 CPU cores;
 `--quick` (fewer problems and steps: the shape of the result, not its significance) in 20 minutes.
+Issue 46 adds: the joint curriculum's worst trained domain above each sequential arm's worst by
+2 SE or more; the joint curriculum within 2 SE of each single arm at equal completions of its domain.
 """
 
 from __future__ import annotations
@@ -45,14 +65,20 @@ import math
 import os
 import statistics
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from _gain import measure, paired_se, scores  # benchmarks/, on the path when this script runs
 from _harness import Bench, Timed, commit, load_avg, parser, write_plot, write_record
 
 from postrl.builtin_models import load_model
+from postrl.checkpoint import CheckpointManager
 from postrl.config.loading import load_config
 from postrl.config.schema import generation_limits
+from postrl.curriculum.schedule import SCHEDULES, weight_metrics
+from postrl.files import write_atomic
 from postrl.loop import train
 from postrl.monitor.alerts import Alert, read_alerts
 from postrl.monitor.report import alert_lines, read_evals
@@ -64,6 +90,8 @@ from postrl.tasks.catalog import build_domains
 RECIPE = "recipes/smollm2-joint.yaml"
 RESULTS = "benchmarks/results/joint_vs_single_14steps"
 """The full size's records, committed: the arms span sittings (see above)."""
+BASE = "benchmarks/results/joint_vs_single_base.json"
+"""The base model's measurement, one record for every --out of the full size (same problems and seeds)."""
 TARGET_GAIN_SE = 2.0
 TARGET_DROP_SE = 2.0
 TARGET_HOURS = 3.0
@@ -74,25 +102,119 @@ completions takes 30-130 s (LoRA on the fused forward) and measuring one policy 
 5-13 min, so the six measurements fit the 3 hours with little to spare (16 steps would not). At 4
 steps no joint arm lifted more than one domain past 2 SE; at 10 steps the joint curriculum's
 smallest gain was 0.96-1.96 SE over three seeds (docs/joint.md)."""
-QUICK = {"problems": 8, "steps": 1, "prompts": 4, "samples": 4, "eval_every": 1, "eval_problems": 4, "max_tokens": 64}
-"""--quick: the same arms, 8 problems a domain, one step of 16 completions, replies cut at 64 tokens:
-the shape of the run, not its significance."""
+QUICK = {"problems": 8, "steps": 3, "prompts": 2, "samples": 4, "eval_every": 3, "eval_problems": 4, "max_tokens": 64}
+"""--quick: the same arms, 8 problems a domain, three steps of 8 completions (one a stage of the
+sequential arms, whose paths it runs: the stage checkpoints and their measurements), replies cut at
+64 tokens: the shape of the run, not its significance."""
 
 
-def arms(trained: list[str], seeds: tuple[int, ...] = ()) -> dict[str, tuple[list[str], str | None]]:
-    """{arm: (its overrides of the recipe, the one domain it trains or None for all)}, in the order
-    they run: the joint arms first (the acceptance rests on them), then each domain alone, then the
-    joint curriculum again under each of `seeds` (`joint_curriculum_seed<N>`)."""
-    single = {f"single_{name}": (["curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"], name)
-              for name in trained}
-    reseeded = {f"joint_curriculum_seed{n}": ([f"seed={n}", "curriculum.schedule=learnability"], None) for n in seeds}
-    return {"joint_curriculum": (["curriculum.schedule=learnability"], None),
-            "joint_uniform": (["curriculum.schedule=fixed"], None), **single, **reseeded}
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """What an arm trains: its overrides of the recipe, and which domains."""
+
+    overrides: tuple[str, ...]
+    only: str | None = None
+    """The one domain it trains (its recipe entry kept whole), the others measured only; None: all."""
+    stages: tuple[str, ...] = ()
+    """A sequential arm: the domains one after the other, in this order (`stage_lengths` steps each)."""
+
+
+def stage_lengths(steps: int, stages: int) -> list[int]:
+    """Steps of each of `stages` stages of a `steps`-step run: the nearest whole number to an equal
+    share each, the last stage what is left (off by at most one for three stages), e.g. 14 steps in
+    3 -> [5, 5, 4], 13 -> [4, 4, 5]. The first length is also where a single arm has seen its
+    domain's share of a joint arm's completions."""
+    share = max(1, (2 * steps + stages) // (2 * stages))  # steps / stages rounded half up
+    last = steps - share * (stages - 1)
+    if last < 1:
+        raise ValueError(f"{steps} steps cannot make {stages} stages of at least one step each")
+    return [share] * (stages - 1) + [last]
+
+
+def stage_bounds(steps: int, order: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """(domain, first step, step after its last) of each stage, in order: 14 steps over (a, b, c) ->
+    [(a, 0, 5), (b, 5, 10), (c, 10, 14)]."""
+    out, start = [], 0
+    for domain, n in zip(order, stage_lengths(steps, len(order))):
+        out.append((domain, start, start + n))
+        start += n
+    return out
+
+
+class SequentialSchedule:
+    """The domains one after the other: the whole draw goes to one domain for its stage's steps
+    (`stage_bounds`), then to the next. Registered as `curriculum.schedule: sequential` for a
+    sequential arm's run only (the order and lengths are the arm's, not a recipe's), so one run
+    trains the stages with one optimiser: what fine-tuning the domains in turn would be if each
+    stage resumed the previous one's full state. Its state is the step it has reached."""
+
+    def __init__(self, weights: dict[str, float], *, order: tuple[str, ...], steps: int, **_):
+        if sorted(order) != sorted(weights):
+            raise ValueError(f"sequential stages {order} are not the run's domains {sorted(weights)}")
+        self.bounds = stage_bounds(steps, order)
+        self.step = 0
+        self.weights = self.at(0)
+
+    def at(self, step: int) -> dict[str, float]:
+        """The draw's weights at `step`: 1 for its stage's domain, 0 for the others."""
+        current = next((d for d, start, end in self.bounds if start <= step < end), self.bounds[-1][0])
+        return {d: float(d == current) for d, _, _ in self.bounds}
+
+    def update(self, step: int, samples: list) -> None:
+        self.step = step + 1  # the next draw is step + 1's
+        self.weights = self.at(self.step)
+
+    def task_weight(self, task) -> float:
+        return 1.0
+
+    def metrics(self) -> dict[str, float]:
+        return weight_metrics(self.weights)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+        self.weights = self.at(self.step)
+
+
+@contextmanager
+def in_turn(order: tuple[str, ...], steps: int) -> Iterator[None]:
+    """Inside, `curriculum.schedule: sequential` names the `SequentialSchedule` of `order` over a
+    `steps`-step run (a registry entry for one run, as a reward model's term is); an empty order
+    registers nothing."""
+    if not order:
+        yield
+        return
+    SCHEDULES.add("sequential", partial(SequentialSchedule, order=order, steps=steps))
+    try:
+        yield
+    finally:
+        SCHEDULES.remove("sequential")
+
+
+def arms(trained: list[str], steps: int, seeds: tuple[int, ...] = ()) -> dict[str, Arm]:
+    """{arm: what it trains}, in the order they run: the joint arms first (the acceptance rests on
+    them), then each domain alone, then the sequential arms, then the joint curriculum again under
+    each of `seeds` (`joint_curriculum_seed<N>`). The single and sequential arms keep a checkpoint
+    every `stage_lengths` first length (a third of the steps), all of them, for their measurements
+    along the way."""
+    third = stage_lengths(steps, len(trained))[0]
+    along = ("eval.every_steps=0", "eval.at_start=false", f"checkpoint.every_steps={third}",
+             f"checkpoint.keep_last={steps // third}")
+    single = {f"single_{name}": Arm(("curriculum.schedule=fixed", *along), only=name) for name in trained}
+    in_turn = ("curriculum.schedule=sequential", *along)
+    reseeded = {f"joint_curriculum_seed{n}": Arm((f"seed={n}", "curriculum.schedule=learnability")) for n in seeds}
+    return {"joint_curriculum": Arm(("curriculum.schedule=learnability",)),
+            "joint_uniform": Arm(("curriculum.schedule=fixed",)), **single,
+            "sequential": Arm(in_turn, stages=tuple(trained)),
+            "sequential_rev": Arm(in_turn, stages=tuple(reversed(trained))), **reseeded}
 
 
 def columns(trained: list[str]) -> list[str]:
-    """The table's order: the base model, each domain alone, then jointly."""
-    return ["base", *(f"single_{name}" for name in trained), "joint_uniform", "joint_curriculum"]
+    """The table's order: the base model, each domain alone, jointly, then one after the other."""
+    return ["base", *(f"single_{name}" for name in trained), "joint_uniform", "joint_curriculum", "sequential",
+            "sequential_rev"]
 
 
 def fingerprint(*parts) -> str:
@@ -100,14 +222,17 @@ def fingerprint(*parts) -> str:
 
 
 class Arms:
-    """Runs and measures the arms, keeping each one's result on disk (OUT/<arm>.json)."""
+    """Runs and measures the arms, keeping each one's result on disk (OUT/<arm>.json; the base
+    model's in the shared record `base`)."""
 
     def __init__(self, out: Path, recipe: str, size: dict, fresh: bool, extra: list[str] | None = None,
-                 runs: Path | None = None):
+                 runs: Path | None = None, base: Path | None = None):
         self.out, self.recipe, self.size, self.extra = out, recipe, size, extra or []
         """`extra`: recipe overrides for every trained arm (`--set`), part of each trained arm's key."""
         self.runs = runs or out / "runs"
         """Where the trained arms' run directories go (weights, rollouts: never in the repository)."""
+        self.base = base or out / "base.json"
+        """The base model's measurement: one record, shared by every OUT of the same measurement."""
         self.commit = commit(Path(__file__).resolve().parent)
         """The code the arms run with: the checkout when this process started."""
         self.bench = load_config(recipe, [f"eval.num_problems={size['problems']}", *self.token_cap(recipe)])
@@ -124,46 +249,85 @@ class Arms:
             for path in out.glob("*.json"):
                 path.unlink()
 
-    def run(self, arm: str, overrides: list[str] | None, only: str | None = None) -> dict:
-        """An arm's result, kept or made: train (unless `overrides` is None: the base model), then
-        measure on every domain's held-out problems."""
-        path = self.out / f"{arm}.json"
-        key = self.key(overrides, only)
-        if path.is_file():
-            kept = json.loads(path.read_text())
-            if kept.get("key") == key:
-                print(f"{arm}: kept from {path} ({kept['seconds'] / 60:.1f} min when it ran)", flush=True)
-                return kept
-        clock, loads = Timed(), [load_avg()]
-        run_dir, model, train_s = None, self.bench.model.name, 0.0
-        if overrides is not None:
-            run_dir = self.runs / arm
-            trained = self.trained_run(arm, key, run_dir)
-            if trained:
-                train_s, loads = trained["train_seconds"], trained["load"]
-                print(f"{arm}: its training kept from {run_dir} ({train_s / 60:.1f} min when it ran)", flush=True)
-            else:
-                cfg = load_config(self.recipe, [*self.common(), *self.extra, *overrides, f"run.dir={run_dir}"])
-                if only:  # one trained domain, its recipe entry kept whole; the others are measured only
-                    cfg = dataclasses.replace(cfg, domains={only: cfg.domains[only]})
-                print(f"{arm}: training {', '.join(cfg.domains)} for {cfg.train.total_steps} steps "
-                      f"({cfg.curriculum.schedule} schedule) -> {run_dir}", flush=True)
-                train(cfg, log=lambda *_: None)
-                train_s = clock.seconds
-                loads.append(load_avg())
-                write_record(self.out / f"{arm}.trained.json", {"key": key, "train_seconds": train_s, "load": loads},
-                             self.commit)
+    def path(self, name: str) -> Path:
+        return self.base if name == "base" else self.out / f"{name}.json"
+
+    def kept(self, name: str, key: str) -> dict | None:
+        """The arm's kept record when it was made with these settings. The base model's is also
+        taken from OUT/base.json (one copy per OUT, the layout before the shared record) and then
+        kept in the shared record as it was."""
+        for path in [self.path(name), *([self.out / "base.json"] if name == "base" else [])]:
+            record = json.loads(path.read_text()) if path.is_file() else {}
+            if record.get("key") == key:
+                if path != self.path(name):
+                    self.base.parent.mkdir(parents=True, exist_ok=True)
+                    write_atomic(self.base, json.dumps(record))
+                return record
+        return None
+
+    def run(self, name: str, arm: Arm | None) -> dict:
+        """An arm's result, kept or made: train (unless `arm` is None: the base model), then measure
+        on every domain's held-out problems, and along the way (`along`)."""
+        key = self.key(*((arm.overrides, arm.only, arm.stages) if arm else (None, None)))
+        if kept := self.kept(name, key):
+            print(f"{name}: kept from {self.path(name)} ({kept['seconds'] / 60:.1f} min when it ran)", flush=True)
+            return kept
+        loads, run_dir, model, train_s = [load_avg()], None, self.bench.model.name, 0.0
+        if arm is not None:
+            run_dir = self.runs / name
+            train_s, loads = self.train(name, arm, key, run_dir, loads)
             model = str(run_dir / "final")
         measuring = Timed()
-        print(f"{arm}: measuring {model}", flush=True)
-        policy = Policy(*load_model(model, self.bench.model.dtype, log=lambda *_: None))
-        results = measure(policy, self.suites, self.bench, self.tokens)
+        results = self.measure(name, model, self.suites)
+        extra = self.along(name, arm, run_dir) if arm else {}
         loads.append(load_avg())
-        kept = {"key": key, "arm": arm, "results": results, "seconds": train_s + measuring.seconds,
+        kept = {"key": key, "arm": name, "results": results, "seconds": train_s + measuring.seconds,
                 "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,
                 "completions": completions(run_dir) if run_dir else {},
-                "run": run_record(run_dir, self.trained) if run_dir else None}
-        return write_record(path, kept, self.commit)
+                "run": run_record(run_dir, self.trained) if run_dir else None,
+                "times": {**step_times(run_dir), "train_s": train_s, "measure_s": measuring.seconds} if run_dir else {},
+                **extra}
+        return write_record(self.path(name), kept, self.commit)
+
+    def train(self, name: str, arm: Arm, key: str, run_dir: Path, loads: list[float]) -> tuple[float, list[float]]:
+        """Train the arm into `run_dir` (unless its training is kept): (training seconds, loads)."""
+        trained = self.trained_run(name, key, run_dir)
+        if trained:
+            print(f"{name}: its training kept from {run_dir} ({trained['train_seconds'] / 60:.1f} min when it ran)",
+                  flush=True)
+            return trained["train_seconds"], trained["load"]
+        clock = Timed()
+        with in_turn(arm.stages, self.size["steps"]):
+            cfg = load_config(self.recipe, [*self.common(), *self.extra, *arm.overrides, f"run.dir={run_dir}"])
+            if arm.only:  # one trained domain, its recipe entry kept whole; the others are measured only
+                cfg = dataclasses.replace(cfg, domains={arm.only: cfg.domains[arm.only]})
+            print(f"{name}: training {' then '.join(arm.stages) or ', '.join(cfg.domains)} for "
+                  f"{cfg.train.total_steps} steps ({cfg.curriculum.schedule} schedule) -> {run_dir}", flush=True)
+            train(cfg, log=lambda *_: None)
+        loads = [*loads, load_avg()]
+        write_record(self.out / f"{name}.trained.json", {"key": key, "train_seconds": clock.seconds, "load": loads},
+                     self.commit)
+        return clock.seconds, loads
+
+    def measure(self, name: str, model: str | Path, suites: dict) -> dict:
+        print(f"{name}: measuring {model}", flush=True)
+        policy = Policy(*load_model(str(model), self.bench.model.dtype, log=lambda *_: None))
+        return measure(policy, suites, self.bench, self.tokens)
+
+    def along(self, name: str, arm: Arm, run_dir: Path) -> dict:
+        """The measurements along a run, from its checkpoints: a sequential arm's weights after each
+        stage but the last, on every domain (`stages`, the last stage's results the arm's own); a
+        single arm's after the first third of its steps, on its own domain (`equal`)."""
+        s = self.size
+        if arm.stages:
+            return {"stages": [{"domain": d, "steps": [start, end], **({} if end == s["steps"] else {
+                "results": self.measure(f"{name} after {d}", checkpoint(run_dir, end), self.suites)})}
+                for d, start, end in stage_bounds(s["steps"], arm.stages)]}
+        if arm.only:
+            step = stage_lengths(s["steps"], len(self.trained))[0]
+            results = self.measure(f"{name} at step {step}", checkpoint(run_dir, step), {arm.only: self.suites[arm.only]})
+            return {"equal": {"step": step, "completions": step * s["prompts"] * s["samples"], "results": results}}
+        return {}
 
     def trained_run(self, arm: str, key: str, run_dir: Path) -> dict | None:
         """The record of this arm's finished training, when it was made with these settings and its
@@ -174,11 +338,13 @@ class Arms:
         record = json.loads(path.read_text())
         return record if record.get("key") == key else None
 
-    def key(self, overrides: list[str] | None, only: str | None) -> str:
-        """An arm's settings: the measurement's, and for a trained arm the recipe and the run's size."""
+    def key(self, overrides, only: str | None, stages: tuple[str, ...] = ()) -> str:
+        """An arm's settings: the measurement's, and for a trained arm the recipe and the run's size
+        (a sequential arm's order too)."""
         if overrides is None:
             return self.measure_key
-        return fingerprint(self.measure_key, Path(self.recipe).read_text(), self.size, [*self.extra, *overrides], only)
+        return fingerprint(self.measure_key, Path(self.recipe).read_text(), self.size, [*self.extra, *overrides], only,
+                           *([list(stages)] if stages else []))
 
     def token_cap(self, recipe: str) -> list[str]:
         """Overrides that cut every domain's replies at size["max_tokens"] (0: the recipe's own)."""
@@ -218,6 +384,26 @@ def completions(run_dir: Path) -> dict[str, int]:
     """The sampled completions a run trained on, per domain, counted in its rollout store."""
     rows = query(run_dir, "SELECT domain, count(*) FROM rollouts GROUP BY domain ORDER BY domain").rows
     return {domain: int(n) for domain, n in rows}
+
+
+
+def checkpoint(run_dir: Path, step: int) -> Path:
+    """The model directory of `run_dir`'s intact checkpoint of `step` (the weights after steps
+    0..step-1); a missing or damaged one is an error, never a neighbour's weights."""
+    found = CheckpointManager(run_dir, log=lambda *_: None).nearest_valid(step)
+    if found is None or found.step != step:
+        raise FileNotFoundError(f"{run_dir}: no intact checkpoint of step {step} to measure")
+    return found.model_dir
+
+
+def step_times(run_dir: Path) -> dict[str, float]:
+    """The run's `time/*` metrics summed over its steps (seconds; metrics.jsonl)."""
+    totals: dict[str, float] = {}
+    for m in read_metrics(run_dir).values():
+        for k, v in m.items():
+            if k.startswith("time/") and not math.isnan(v):
+                totals[k] = totals.get(k, 0.0) + v
+    return totals
 
 
 # ---------------------------------------------------------------------------- the report
@@ -321,18 +507,186 @@ def plot(run: dict, path: Path) -> None:
                    {k: [tuple(p) for p in v] for k, v in series.items() if v}, alert_lines(alerts))
 
 
+
+
+def stage_results(record: dict) -> list[tuple[str, list[int], dict]]:
+    """A sequential arm's (domain, [first step, step after its last], held-out results after the
+    stage) for each stage; the last stage's results are the arm's own."""
+    return [(s["domain"], s["steps"], s.get("results", record["results"])) for s in record.get("stages", [])]
+
+
+def forgetting(record: dict) -> list[tuple[str, float, float, float, float]]:
+    """Each earlier stage's domain of a sequential arm: (domain, its pass@1 after its own stage, at
+    the end, the change, its paired SE): what the later stages took from it, measured."""
+    final, out = record["results"], []
+    for d, _, after in stage_results(record)[:-1]:
+        delta, se = change(after[d], final[d])
+        out.append((d, scores(after[d], 1)["pass@1"], scores(final[d], 1)["pass@1"], delta, se))
+    return out
+
+
+def stage_table(record: dict, base: dict, domains: list[str], trained: list[str]) -> list[str]:
+    """A sequential arm's held-out pass@1 on every domain after each stage, and its change against
+    the base model in paired SE."""
+    lines = ["| after stage | " + " | ".join(d + ("" if d in trained else " (control)") for d in domains) + " |",
+             "|---|" + "---|" * len(domains)]
+    for d, (start, end), r in stage_results(record):
+        cells = [f"{scores(r[e], 1)['pass@1']:.3f} ({in_se(*change(base[e], r[e])):+.1f} SE)" for e in domains]
+        lines.append(f"| {d} (steps {start}-{end - 1}) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def worst_margin(results: dict[str, dict], joint: str, other: str, trained: list[str]) -> tuple[str, str, float, float]:
+    """(`joint`'s trained domain of smallest gain against base, `other`'s, the first gain minus the
+    second, its SE). One domain: the paired SE of the two arms on it; two: the two gains' paired SEs
+    in quadrature (different problems)."""
+    base = results["base"]["results"]
+    gain = {arm: {d: change(base[d], results[arm]["results"][d]) for d in trained} for arm in (joint, other)}
+    worst = {arm: min(trained, key=lambda d, arm=arm: gain[arm][d][0]) for arm in (joint, other)}
+    if worst[joint] == worst[other]:
+        d = worst[joint]
+        return d, d, *change(results[other]["results"][d], results[joint]["results"][d])
+    (gj, sj), (go, so) = gain[joint][worst[joint]], gain[other][worst[other]]
+    return worst[joint], worst[other], gj - go, math.hypot(sj, so)
+
+
+def equal_completions(results: dict[str, dict], trained: list[str], joint: str) -> list[tuple]:
+    """Per trained domain whose single arm was measured along the way: (domain, the single arm's
+    completions then, the joint arm's completions of the domain, joint - single on it, paired SE)."""
+    out = []
+    for d in trained:
+        equal = results.get(f"single_{d}", {}).get("equal")
+        if equal is not None and joint in results:
+            out.append((d, equal["completions"], results[joint]["completions"].get(d, 0),
+                        *change(equal["results"][d], results[joint]["results"][d])))
+    return out
+
+
+def time_split(record: dict) -> str:
+    """Where an arm's time went: its run's `time/*` metrics summed (scoring: what it added after
+    generation ended), the rest of its training (in-run eval, checkpoints, loading and saving the
+    model), and the script's measurements."""
+    t = record.get("times")
+    if not t:
+        return "not recorded (a record from before issue 46)"
+    scoring = t.get("time/reward_tail_s", t.get("time/reward_s", 0.0))
+    parts = {"sampling": t.get("time/sample_s", 0.0), "scoring": scoring, "update": t.get("time/update_s", 0.0),
+             "refill": t.get("time/refill_s", 0.0)}
+    parts["in-run eval, checkpoints, loading"] = t["train_s"] - sum(parts.values())
+    parts["measurement"] = t["measure_s"]
+    return ", ".join(f"{k} {v / 60:.1f}" for k, v in parts.items() if k != "refill" or v) + \
+        f" min (scoring {t.get('time/reward_s', 0.0) / 60:.1f} min in all)"
+
+
+def plot_stages(record: dict, base: dict, path: Path) -> None:
+    """A sequential arm's held-out pass@1 per domain at the start and after each stage."""
+    series = {d: [(0, scores(r, 1)["pass@1"]) for r in [base[d]]] for d in base}
+    for _, (_, end), r in stage_results(record):
+        for d in series:
+            series[d].append((end, scores(r[d], 1)["pass@1"]))
+    write_plot(path, f"{record['arm']}: held-out pass@1 after each stage", "pass@1", series)
+
+
+def report_sequential(results: dict[str, dict], domains: list[str], trained: list[str], plot_to: str) -> dict[str, float]:
+    """Print each sequential arm's stages and what it forgot, and the joint curriculum against it;
+    returns {sequential arm: the joint curriculum's worst-domain margin over it, in SE}."""
+    margins, base = {}, results["base"]["results"]
+    for arm in ("sequential", "sequential_rev"):
+        if arm not in results:
+            continue
+        record = results[arm]
+        order = " then ".join(d for d, _, _ in stage_results(record))
+        print(f"\n{arm} ({order}): held-out pass@1 after each stage (change against base in paired SE)")
+        print("\n".join(stage_table(record, base, domains, trained)))
+        for d, after, end, delta, se in forgetting(record):
+            print(f"  {d}: {after:.3f} after its stage -> {end:.3f} at the end: {delta:+.3f} +/- {2 * se:.3f} "
+                  f"({in_se(delta, se):+.1f} SE)")
+        if plot_to:
+            plot_stages(record, base, Path(f"{plot_to}-{arm}.svg"))
+        if "joint_curriculum" in results:
+            dj, do, delta, se = worst_margin(results, "joint_curriculum", arm, trained)
+            margins[arm] = in_se(delta, se)
+            print(f"joint curriculum's worst trained domain ({dj}) against {arm}'s ({do}), gains against base: "
+                  f"{delta:+.3f} +/- {2 * se:.3f} ({margins[arm]:+.1f} SE; target >= +2)")
+    return margins
+
+
+def report_equal(results: dict[str, dict], trained: list[str]) -> list[float]:
+    """Print each joint arm against each single arm at (about) equal completions of the domain;
+    returns the joint curriculum's differences in SE."""
+    found = []
+    for joint in ("joint_curriculum", "joint_uniform"):
+        rows = equal_completions(results, trained, joint)
+        if rows:
+            print(f"\n{joint} vs single arms at equal domain completions (the single arm's checkpoint after a third "
+                  "of its steps; difference +/- 2 paired SE):")
+        for d, n_single, n_joint, delta, se in rows:
+            verdict = "within 2 SE or above" if in_se(delta, se) >= -2 else "BELOW by more than 2 SE"
+            print(f"  {d}: {delta:+.3f} +/- {2 * se:.3f} ({in_se(delta, se):+.1f} SE, {verdict}); "
+                  f"{n_joint} completions of it in {joint}, {n_single} in single_{d}")
+            if joint == "joint_curriculum":
+                found.append(in_se(delta, se))
+    return found
+
+
+def report_joint(results: dict[str, dict], domains: list[str], trained: list[str], plot_to: str) -> dict[str, float]:
+    """Print the joint arms' seesaw alerts, the joint curriculum against base and each single arm, and
+    its run step by step; returns its gains in SE ({} when it did not run)."""
+    for arm in ("joint_uniform", "joint_curriculum"):
+        if arm in results:
+            alerts = results[arm]["run"]["seesaw_alerts"]
+            print(f"{arm}: {len(alerts)} seesaw alert(s)" + "".join(f"\n  step {a['step']}: {a['message']}" for a in alerts))
+    if "joint_curriculum" not in results:
+        return {}
+    gains = gains_in_se(results, domains)
+    print("\njoint curriculum vs base, in SE: " + ", ".join(f"{d} {g:+.1f}" for d, g in gains.items()))
+    print("joint curriculum vs each single arm on its own domain, at the same total completions (difference +/- 2 "
+          "paired SE):")
+    for d, delta, se in joint_against_single(results, trained):
+        verdict = "within 2 SE or above" if in_se(delta, se) >= -2 else "BELOW by more than 2 SE"
+        print(f"  {d}: {delta:+.3f} +/- {2 * se:.3f} ({verdict})")
+    joint = results["joint_curriculum"]
+    print(f"\nthe joint curriculum run, step by step (postrl report {joint['run_dir']} draws it, where it is kept):")
+    print("\n".join(joint["run"]["story"]))
+    if plot_to:
+        plot(joint["run"], Path(plot_to))
+    return gains
+
+
+def report_seeds(seeded: dict[str, dict]) -> None:
+    print(f"\nthe joint curriculum over {len(next(iter(seeded.values()))['gains'])} seeds, pass@1 change against base: "
+          "each run; their mean, in pooled paired SE (the problems' spread) and in the runs' own SE")
+    for d, s in seeded.items():
+        print(f"  {d}: {' '.join(f'{g:+.3f}' for g in s['gains'])}; mean {s['mean']:+.3f} "
+              f"({in_se(s['mean'], s['pooled_se']):+.1f} pooled SE, {in_se(s['mean'], s['seed_se']):+.1f} seed SE)")
+
+
+def report_costs(ran: dict[str, dict]) -> None:
+    print("\n" + "\n".join(f"{arm}: {r['seconds'] / 60:.1f} min, {r.get('date', '?')}, at {r.get('commit') or '?'}"
+                            + (f"; {time_split(r)}" if arm != "base" else "") for arm, r in ran.items()))
+    seconds = sum(r["seconds"] for r in ran.values())
+    loads = [x for r in ran.values() for x in r["load"]]
+    print(f"\ntotal {seconds / 3600:.2f} h over the arms (target {TARGET_HOURS:.0f} h; --quick: 20 min); "
+          f"load average {min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}) on "
+          f"{os.cpu_count()} CPUs")
+
+
 def main(argv: list[str]) -> int:
-    ap = parser(__doc__, quick="8 problems a domain, one step an arm: the shape, in minutes", out="",
-                out_help="where the arms' results are kept (default: benchmarks/results/joint_vs_single, in the "
-                "repository; --quick: runs/joint_vs_single_quick)")
+    ap = parser(__doc__, quick="8 problems a domain, three steps an arm: the shape, in minutes", out="",
+                out_help=f"where the arms' results are kept (default: {RESULTS}, in the repository; --quick: "
+                "runs/joint_vs_single_quick)")
     ap.add_argument("--recipe", default=RECIPE)
     ap.add_argument("--runs", default="", help="where the arms' run directories go (default: runs/joint_vs_single[_quick])")
+    ap.add_argument("--base", default="", help=f"the base model's measurement, one record shared by every --out "
+                    f"(default: {BASE}; --quick: OUT/base.json)")
     ap.add_argument("--fresh", action="store_true", help="forget the arms kept in --out and run them all")
-    ap.add_argument("--plot", default="", help="write the joint curriculum run's curves to PATH-eval.svg and PATH-weights.svg")
-    ap.add_argument("--steps", type=int, default=0, help="training steps an arm (default: the size's, 14; --quick 1)")
+    ap.add_argument("--plot", default="", help="write the joint curriculum run's curves to PATH-eval.svg and "
+                    "PATH-weights.svg, each sequential arm's stages to PATH-<arm>.svg")
+    ap.add_argument("--steps", type=int, default=0, help="training steps an arm (default: the size's, 14; --quick 3)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a recipe override for every trained arm (repeatable), e.g. curriculum.domain_draw=stratified")
-    ap.add_argument("--arms", default="", help="comma-separated arms to run (default all); the base model always runs")
+    ap.add_argument("--arms", default="", help="comma-separated arms to run (default all); the base model always "
+                    "runs, and the other arms' kept records are reported with them")
     ap.add_argument("--seeds", type=int, default=1, help="run the joint curriculum under N seeds (the recipe's, then "
                     "the next ones; default 1): the report adds each run's gains and their mean")
     args = ap.parse_args(argv)
@@ -344,21 +698,23 @@ def main(argv: list[str]) -> int:
         size = size | {"steps": args.steps}
     out = Path(args.out or ("runs/joint_vs_single_quick" if args.quick else RESULTS))
     runs = Path(args.runs or ("runs/joint_vs_single_quick/runs" if args.quick else "runs/joint_vs_single"))
-    bench = Arms(out, args.recipe, size, args.fresh, args.set, runs)
+    bench = Arms(out, args.recipe, size, args.fresh, args.set, runs,
+                 Path(args.base or (out / "base.json" if args.quick else BASE)))
     trained, domains = bench.trained, list(bench.suites)
-    chosen = arms(trained, tuple(bench.bench.seed + k for k in range(1, args.seeds)))
-    if args.arms:
-        unknown = sorted(set(args.arms.split(",")) - set(chosen))
-        if unknown:
-            ap.error(f"--arms: no arm {', '.join(unknown)} (the arms: {', '.join(chosen)})")
-        chosen = {arm: chosen[arm] for arm in args.arms.split(",")}
+    every = arms(trained, size["steps"], tuple(bench.bench.seed + k for k in range(1, args.seeds)))
+    chosen = args.arms.split(",") if args.arms else list(every)
+    if unknown := sorted(set(chosen) - set(every)):
+        ap.error(f"--arms: no arm {', '.join(unknown)} (the arms: {', '.join(every)})")
     print(f"{args.recipe}: trained {trained}, control {[d for d in domains if d not in trained]}; "
           f"{size['problems']} held-out problems a domain, {size['steps']} steps x {size['prompts']} prompts x "
           f"{size['samples']} samples an arm{''.join(f'; {o}' for o in args.set)}; load {load_avg():.2f}", flush=True)
-    results = {"base": bench.run("base", None)}
-    for arm, (overrides, only) in chosen.items():
-        results[arm] = bench.run(arm, overrides, only)
-    ran = results
+    ran = {"base": bench.run("base", None)}
+    for name in chosen:
+        ran[name] = bench.run(name, every[name])
+    for name, arm in every.items():  # the arms of other sittings, kept with these settings
+        if name not in ran and (kept := bench.kept(name, bench.key(arm.overrides, arm.only, arm.stages))):
+            ran[name] = kept
+    print(f"\narms with no record at these settings in {out}: {', '.join(n for n in every if n not in ran) or 'none'}")
     seeded = over_seeds(ran, domains) if any(arm.startswith("joint_curriculum_seed") for arm in ran) else {}
     results = {arm: ran[arm] for arm in columns(trained) if arm in ran}
 
@@ -366,40 +722,20 @@ def main(argv: list[str]) -> int:
     print("\nsampled completions trained on, per arm: " + "; ".join(
         f"{arm} {sum(r['completions'].values())} ({', '.join(f'{d} {n}' for d, n in r['completions'].items())})"
         for arm, r in results.items() if r["completions"]))
-
     squeezed = seesaws(results, domains, trained)
     print("single-domain arms that squeezed another domain below its base by more than 2 SE: "
           + ("; ".join(squeezed) if squeezed else "none"))
-    for arm in ("joint_uniform", "joint_curriculum"):
-        if arm in results:
-            alerts = results[arm]["run"]["seesaw_alerts"]
-            print(f"{arm}: {len(alerts)} seesaw alert(s)" + "".join(f"\n  step {a['step']}: {a['message']}" for a in alerts))
-    gains = gains_in_se(results, domains) if "joint_curriculum" in results else {}
-    if gains:
-        print("\njoint curriculum vs base, in SE: " + ", ".join(f"{d} {g:+.1f}" for d, g in gains.items()))
-        print("joint curriculum vs each single arm on its own domain (difference +/- 2 paired SE):")
-        for d, delta, se in joint_against_single(results, trained):
-            verdict = "within 2 SE or above" if in_se(delta, se) >= -2 else "BELOW by more than 2 SE"
-            print(f"  {d}: {delta:+.3f} +/- {2 * se:.3f} ({verdict})")
-        joint = results["joint_curriculum"]
-        print(f"\nthe joint curriculum run, step by step (postrl report {joint['run_dir']} draws it, where it is kept):")
-        print("\n".join(joint["run"]["story"]))
-        if args.plot:
-            plot(joint["run"], Path(args.plot))
+    gains = report_joint(results, domains, trained, args.plot)
+    equal = report_equal(results, trained)
+    margins = report_sequential(results, domains, trained, args.plot)
     if seeded:
-        print(f"\nthe joint curriculum over {len(next(iter(seeded.values()))['gains'])} seeds, pass@1 change against base: "
-              "each run; their mean, in pooled paired SE (the problems' spread) and in the runs' own SE")
-        for d, s in seeded.items():
-            print(f"  {d}: {' '.join(f'{g:+.3f}' for g in s['gains'])}; mean {s['mean']:+.3f} "
-                  f"({in_se(s['mean'], s['pooled_se']):+.1f} pooled SE, {in_se(s['mean'], s['seed_se']):+.1f} seed SE)")
+        report_seeds(seeded)
+    report_costs(ran)
 
-    print("\n" + "\n".join(f"{arm}: {r['seconds'] / 60:.1f} min, {r.get('date', '?')}, at {r.get('commit') or '?'}"
-                            for arm, r in ran.items()))
-    seconds = sum(r["seconds"] for r in ran.values())
-    loads = [x for r in ran.values() for x in r["load"]]
-    print(f"\ntotal {seconds / 3600:.2f} h over the arms (target {TARGET_HOURS:.0f} h; --quick: 20 min); "
-          f"load average {min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}) on "
-          f"{os.cpu_count()} CPUs")
+    for arm, margin in margins.items():
+        benchmark.result(f"joint_over_{arm}_worst_se", f"{margin:.2f}", target=">=2")
+    if equal:
+        benchmark.result("joint_vs_single_equal_min_se", f"{min(equal):.2f}", target=">=-2")
     if not gains:
         benchmark.result("joint_min_gain_se", "nan", "(the joint_curriculum arm was not run)", target=2)
         return 0

@@ -8,8 +8,16 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from postrl.config.loading import load_config
-from postrl.records import Response
+from postrl.curriculum.sampler import TaskSampler
+from postrl.curriculum.schedule import SCHEDULES
+from postrl.errors import ConfigError
+from postrl.loop import train
+from postrl.records import Response, Task
+from postrl.store.query import query
 from postrl.tasks.catalog import build_domains
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,8 +164,8 @@ def test_an_arms_record_holds_what_the_report_needs_of_its_run(tmp_path):
 
 
 def test_the_joint_curriculum_under_several_seeds_is_reported_run_by_run_and_pooled():
-    assert bench.arms(["a"], (1, 2))["joint_curriculum_seed2"] == (["seed=2", "curriculum.schedule=learnability"], None)
-    assert not any(arm.startswith("joint_curriculum_seed") for arm in bench.arms(["a"]))
+    assert bench.arms(["a"], 3, (1, 2))["joint_curriculum_seed2"] == bench.Arm(("seed=2", "curriculum.schedule=learnability"))
+    assert not any(arm.startswith("joint_curriculum_seed") for arm in bench.arms(["a"], 3))
     base = {"a": result([0] * 100)}
     results = {"base": {"results": base},
                "joint_curriculum": {"results": {"a": result([1] * 40 + [0] * 60)}},   # +0.40
@@ -169,3 +177,168 @@ def test_the_joint_curriculum_under_several_seeds_is_reported_run_by_run_and_poo
     # per problem the two runs' mean: 40 at 0.5, 40 at 0, 20 at 0.5 -> 60 problems at 0.5, 40 at 0
     assert abs(s["pooled_se"] - (0.25 * 0.6 * 0.4 * 100 / 99 / 100) ** 0.5) < 1e-12
     assert math.isnan(bench.over_seeds({k: results[k] for k in ("base", "joint_curriculum")}, ["a"])["a"]["seed_se"])
+
+
+# ---------------------------------------------------------------------------- issue 46: sequential arms, equal completions
+
+
+def test_stages_split_the_steps_nearly_evenly_and_name_their_steps():
+    assert bench.stage_lengths(14, 3) == [5, 5, 4]  # 14/3 = 4.67 -> 5, the last what is left
+    assert bench.stage_lengths(13, 3) == [4, 4, 5]  # 4.33 -> 4
+    assert bench.stage_lengths(10, 3) == [3, 3, 4] and bench.stage_lengths(3, 3) == [1, 1, 1]
+    with pytest.raises(ValueError, match="2 steps cannot make 3 stages"):
+        bench.stage_lengths(2, 3)
+    assert bench.stage_bounds(14, ("a", "b", "c")) == [("a", 0, 5), ("b", 5, 10), ("c", 10, 14)]
+
+
+class Named:
+    """A domain of one problem, named after it."""
+
+    levels = [1]
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def sample(self, rng, level=None):
+        return Task(self.name, self.name, self.name, "0", 1)
+
+
+def test_the_sequential_schedule_draws_only_its_stages_domain_and_resumes_at_its_step():
+    schedule = bench.SequentialSchedule({"a": 1.0, "b": 1.0, "c": 1.0}, order=("c", "a", "b"), steps=7)  # 2, 2, 3 steps
+    sampler = TaskSampler({n: Named(n) for n in "abc"}, seed=0, domain_draw="stratified")
+    drawn = []
+    for step in range(7):
+        drawn.append({t.domain for t in sampler.next_batch(4, schedule.weights, schedule.task_weight)})
+        schedule.update(step, [])
+    assert drawn == [{"c"}, {"c"}, {"a"}, {"a"}, {"b"}, {"b"}, {"b"}]
+    assert schedule.metrics() == {"curriculum/weight/c": 0.0, "curriculum/weight/a": 0.0, "curriculum/weight/b": 1.0}
+    midway = bench.SequentialSchedule({"a": 1.0, "b": 1.0, "c": 1.0}, order=("c", "a", "b"), steps=7)
+    midway.update(2, [])  # after step 2: step 3 is a's
+    again = bench.SequentialSchedule({"a": 1.0, "b": 1.0, "c": 1.0}, order=("c", "a", "b"), steps=7)
+    again.load_state_dict(midway.state_dict())
+    assert again.weights == {"c": 0.0, "a": 1.0, "b": 0.0} and again.state_dict() == {"step": 3}
+    with pytest.raises(ValueError, match="not the run's domains"):
+        bench.SequentialSchedule({"a": 1.0, "b": 1.0}, order=("a", "c"), steps=4)
+
+
+def test_the_arms_checkpoint_a_third_of_the_way_and_the_sequential_ones_run_both_orders(tmp_path):
+    every = bench.arms(["wp", "lc", "code"], 14)
+    assert list(every)[-2:] == ["sequential", "sequential_rev"]
+    assert every["sequential"].stages == ("wp", "lc", "code") and every["sequential_rev"].stages == ("code", "lc", "wp")
+    # 14 steps: checkpoints at 5 and 10 (stage ends; a single arm's equal-completions step), both kept
+    assert every["sequential"].overrides[0] == "curriculum.schedule=sequential"
+    assert {"checkpoint.every_steps=5", "checkpoint.keep_last=2"} <= set(every["single_lc"].overrides)
+    assert every["single_lc"].only == "lc" and "checkpoint.every_steps=5" in every["sequential_rev"].overrides
+    assert not any(o.startswith("checkpoint") for o in every["joint_curriculum"].overrides)
+    arms = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
+    seq, rev = every["sequential"], every["sequential_rev"]
+    assert arms.key(seq.overrides, None, seq.stages) != arms.key(rev.overrides, None, rev.stages)  # the order counts
+    # the joint arms' keys are those of before issue 46, so their committed records still hold
+    assert arms.key(every["joint_uniform"].overrides, None) == arms.key(["curriculum.schedule=fixed"], None)
+
+
+def test_a_sequential_run_trains_the_stages_in_turn_with_one_optimiser(tiny_model_dir, tmp_path):
+    """Real training on a tiny model: the rollouts of each step are its stage's domain only, and the
+    optimiser goes on across the stage's end (its step count doubles from the first stage's
+    checkpoint to the second's, where a fresh optimiser would start again from 0)."""
+    run_dir = tmp_path / "run"
+    cfg = load_config("recipes/default.yaml", [
+        f"model.name={tiny_model_dir}", "domains={arith: {}, sort: {}}", "curriculum.schedule=sequential",
+        "train.total_steps=4", "train.prompts_per_step=2", "train.samples_per_prompt=2", "train.minibatches=1",
+        "eval.every_steps=0", "eval.at_start=false", "eval.num_problems=2", "checkpoint.every_steps=2",
+        "run.progress=false", "monitor.spot_check_every_steps=0", f"run.dir={run_dir}"])
+    with bench.in_turn(("sort", "arith"), 4):
+        train(cfg, log=lambda *_: None)
+    with pytest.raises(ConfigError, match="unknown curriculum schedule"):
+        SCHEDULES.get("sequential")  # registered for that run only
+    rows = query(run_dir, "SELECT step, domain, count(*) FROM rollouts GROUP BY step, domain ORDER BY step").rows
+    assert [(int(s), d, int(n)) for s, d, n in rows] == [(0, "sort", 4), (1, "sort", 4), (2, "arith", 4), (3, "arith", 4)]
+    assert bench.completions(run_dir) == {"arith": 8, "sort": 8}
+
+    def adam_steps(step: int) -> float:
+        state = torch.load(bench.checkpoint(run_dir, step).parent / "state.pt", weights_only=False)
+        return float(next(iter(state["learner"]["optimizer"]["state"].values()))["step"])
+
+    assert adam_steps(2) == 2 and adam_steps(4) == 4
+    with pytest.raises(FileNotFoundError, match="no intact checkpoint of step 3"):
+        bench.checkpoint(run_dir, 3)  # never a neighbour's weights
+    times = bench.step_times(run_dir)
+    assert {"time/sample_s", "time/reward_s", "time/update_s"} <= set(times) and all(v >= 0 for v in times.values())
+
+
+def stage_record(after_first: dict, final: dict) -> dict:
+    return {"arm": "sequential", "results": final,
+            "stages": [{"domain": "a", "steps": [0, 5], "results": after_first}, {"domain": "b", "steps": [5, 10]}]}
+
+
+def test_the_report_reads_forgetting_from_a_sequential_arms_stages(tmp_path):
+    base = {"a": result([0] * 100), "b": result([0] * 100)}
+    after_a = {"a": result([1] * 60 + [0] * 40), "b": result([0] * 100)}    # a: 0 -> 0.60
+    final = {"a": result([1] * 20 + [0] * 80), "b": result([1] * 50 + [0] * 50)}  # a falls to 0.20, b 0.50
+    record = stage_record(after_a, final)
+    assert [d for d, _, r in bench.stage_results(record)] == ["a", "b"] and bench.stage_results(record)[1][2] is final
+    [(d, before, end, delta, se)] = bench.forgetting(record)
+    assert (d, before, end) == ("a", 0.6, 0.2) and abs(delta + 0.4) < 1e-12
+    # per problem 40 of -1 and 60 of 0: mean -0.4, SE = sqrt(0.24 * 100 / 99 / 100)
+    assert abs(se - (0.24 / 99) ** 0.5) < 1e-12
+    lines = bench.stage_table(record, base, ["a", "b"], ["a"])
+    assert lines[0] == "| after stage | a | b (control) |"
+    # a after its stage: 0.60 over base 0 with SE sqrt(0.24/99): +12.2 SE; b untouched: 0
+    assert lines[2] == "| a (steps 0-4) | 0.600 (+12.2 SE) | 0.000 (+0.0 SE) |"
+    assert lines[3].startswith("| b (steps 5-9) | 0.200 (")
+    bench.plot_stages(record, base, tmp_path / "stages.svg")
+    assert "sequential: held-out pass@1 after each stage" in (tmp_path / "stages.svg").read_text()
+
+
+def test_the_worst_domain_margin_pairs_one_domain_and_adds_two_in_quadrature():
+    base = {"a": result([0] * 100), "b": result([0] * 100)}
+    joint = {"a": result([1] * 30 + [0] * 70), "b": result([1] * 40 + [0] * 60)}    # worst: a, +0.30
+    seq_a = {"a": result([1] * 10 + [0] * 90), "b": result([1] * 50 + [0] * 50)}    # worst: a, +0.10
+    seq_b = {"a": result([1] * 50 + [0] * 50), "b": result([0] * 90 + [1] * 10)}    # worst: b, +0.10
+    results = {"base": {"results": base}, "joint_curriculum": {"results": joint},
+               "s1": {"results": seq_a}, "s2": {"results": seq_b}}
+    d1, d2, delta, se = bench.worst_margin(results, "joint_curriculum", "s1", ["a", "b"])
+    # same domain: per problem 20 of +1 (joint right, s1 wrong), 80 of 0 -> +0.2, SE sqrt(0.16 / 99)
+    assert (d1, d2) == ("a", "a") and abs(delta - 0.2) < 1e-12 and abs(se - (0.16 / 99) ** 0.5) < 1e-12
+    d1, d2, delta, se = bench.worst_margin(results, "joint_curriculum", "s2", ["a", "b"])
+    # a +0.30 (SE sqrt(0.21/99)) against b +0.10 (SE sqrt(0.09/99)): +0.2, SE sqrt(0.30/99)
+    assert (d1, d2) == ("a", "b") and abs(delta - 0.2) < 1e-12 and abs(se - (0.30 / 99) ** 0.5) < 1e-12
+
+
+def test_joint_against_single_at_equal_completions_reads_the_single_arms_early_measurement():
+    joint = {"a": result([1] * 30 + [0] * 70), "b": result([1] * 50 + [0] * 50)}
+    results = {"joint_curriculum": {"results": joint, "completions": {"a": 296, "b": 304}},
+               "single_a": {"results": {"a": result([1] * 90 + [0] * 10)},
+                            "equal": {"step": 5, "completions": 320, "results": {"a": result([1] * 40 + [0] * 60)}}},
+               "single_b": {"results": {"b": result([1] * 90 + [0] * 10)}}}  # a record from before: no `equal`
+    [(d, n_single, n_joint, delta, se)] = bench.equal_completions(results, ["a", "b"], "joint_curriculum")
+    # the joint's 30 right are among single_a's first 40: per problem 10 of -1 -> -0.10, SE sqrt(0.09/99)
+    assert (d, n_single, n_joint) == ("a", 320, 296) and abs(delta + 0.1) < 1e-12
+    assert abs(se - (0.09 / 99) ** 0.5) < 1e-12
+    assert bench.equal_completions(results, ["a", "b"], "joint_uniform") == []  # that arm did not run
+
+
+def test_an_arms_time_is_split_from_its_metrics_and_the_rest_is_named(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in [
+        {"step": 0, "time/sample_s": 60.0, "time/reward_s": 12.0, "time/reward_tail_s": 6.0, "time/update_s": 120.0},
+        {"step": 1, "time/sample_s": 30.0, "time/reward_s": 6.0, "time/reward_tail_s": 0.0, "time/update_s": 90.0,
+         "loss": 0.5}]))
+    times = bench.step_times(tmp_path)
+    assert times == {"time/sample_s": 90.0, "time/reward_s": 18.0, "time/reward_tail_s": 6.0, "time/update_s": 210.0}
+    record = {"times": {**times, "train_s": 600.0, "measure_s": 300.0}}
+    # the rest of training: 600 - 90 - 6 - 210 = 294 s = 4.9 min
+    assert bench.time_split(record) == ("sampling 1.5, scoring 0.1, update 3.5, in-run eval, checkpoints, loading 4.9, "
+                                        "measurement 5.0 min (scoring 0.3 min in all)")
+    assert bench.time_split({"seconds": 1.0}).startswith("not recorded")
+
+
+def test_the_base_measurement_is_one_shared_record_and_an_older_copy_is_taken_up(tmp_path):
+    shared = tmp_path / "shared" / "base.json"
+    arms = bench.Arms(tmp_path / "out", str(RECIPE), bench.QUICK, fresh=False, base=shared)
+    kept = {"key": arms.key(None, None), "arm": "base", "results": {}, "seconds": 1.0, "load": [0.5], "completions": {}}
+    (tmp_path / "out" / "base.json").write_text(json.dumps(kept))  # the layout before: a copy in OUT
+    assert arms.run("base", None) == kept and json.loads(shared.read_text()) == kept
+    (tmp_path / "out" / "base.json").unlink()
+    other = bench.Arms(tmp_path / "other", str(RECIPE), bench.QUICK, fresh=True, base=shared)  # another OUT
+    assert other.run("base", None) == kept and shared.is_file()  # --fresh forgets OUT's arms, not the shared base
+    assert other.kept("base", "another measurement") is None
