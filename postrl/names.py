@@ -212,6 +212,28 @@ def check_names(cfg: Config) -> None:
         for key, value, name in (row.values or functools.partial(value_at, row.pattern))(cfg):
             row.registry(cfg, name).check(value, key)
     check_loss_weight(cfg)
+    check_critic(cfg)
+
+
+def check_critic(cfg: Config) -> None:
+    """A value model and the estimator that reads it come together (`AdvantageFacts.needs_values`),
+    with a loss that takes one advantage a token, in a run whose learner can carry a critic."""
+    needs = ADVANTAGES.facts(cfg.rl.advantage).needs_values
+    model = cfg.critic.model
+    if needs and not model:
+        raise ConfigError(f"config key 'rl.advantage' = {cfg.rl.advantage!r} reads a value model, which "
+                          f"critic.model gives it; set critic.model=policy (a value head on a copy of the "
+                          f"policy) or a model name")
+    if model and not needs:
+        raise ConfigError(f"config key 'critic.model' = {model!r}: a value model is read only by rl.advantage=gae; "
+                          f"rl.advantage = {cfg.rl.advantage!r} would train it for nothing")
+    if needs and not LOSSES.facts(cfg.rl.loss).token_advantage:
+        raise ConfigError(f"config key 'rl.loss' = {cfg.rl.loss!r} takes one advantage a completion; "
+                          f"rl.advantage = {cfg.rl.advantage!r} gives one a token")
+    if model and cfg.train.learners > 1:
+        raise ConfigError(f"config key 'critic.model' = {model!r}: the critic trains in the trainer process "
+                          f"only, not on data-parallel ranks (train.learners = {cfg.train.learners}); "
+                          f"set train.learners=1")
 
 
 def check_loss_weight(cfg: Config) -> None:

@@ -178,7 +178,7 @@ class Batch:
     loss_mask: torch.Tensor  # [B, T-1] float, 1 where position t predicts a completion token
     old_logprobs: torch.Tensor  # [B, T-1] behaviour log-probs, aligned with loss_mask
     ref_logprobs: torch.Tensor | None  # [B, T-1] reference log-probs, None when KL is off
-    advantages: torch.Tensor  # [B] one scalar per completion
+    advantages: torch.Tensor  # [B] one scalar per completion, or [B, T-1] one per token (rl.advantage: gae)
     temperatures: torch.Tensor  # [B] sampling temperature of each completion
     prox_logprobs: torch.Tensor | None = None
     """[B, T-1] log-probs under the trainer's weights when the batch is consumed, for off-policy
@@ -188,3 +188,10 @@ class Batch:
     fresh: torch.Tensor | None = None
     """[B] bool: rows sampled at the learner's policy version when the batch was built, where the
     learner's log-probs measure the train/inference mismatch; None = not known (no measurement)."""
+    values: torch.Tensor | None = None
+    """[B, T-1] the critic's values when the batch was built (`critic.model`; None without one):
+    the centre of its value clipping."""
+    returns: torch.Tensor | None = None
+    """[B, T-1] GAE's returns, the critic's targets."""
+    value_mask: torch.Tensor | None = None
+    """[B, T-1] the tokens the critic learns from: the loss mask of the verified completions."""

@@ -42,6 +42,7 @@ from postrl.errors import UserError
 from postrl.evaluation import EVAL_AGGREGATES, evaluate
 from postrl.extensions import load as load_extensions
 from postrl.faults import crash_point
+from postrl.learner.critic import make_critic
 from postrl.learner.distributed import start_learners
 from postrl.learner.learner import Learner, UpdateStats
 from postrl.learner.offpolicy import correction_mode
@@ -237,6 +238,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     model = apply_lora(model, cfg.model.lora)  # unchanged unless model.lora.r > 0
     model = model.to(device)  # sampler, learner and reference share this device; tensors are made on it
     check_model(cfg.rollout, model)  # a backend that cannot sample from it (vLLM: architecture, head size)
+    critic = make_critic(cfg, model, tok, lambda name: load_model(name, cfg.model.dtype, log=log))  # critic.model, before the run dir
     run_dir = make_run_dir(cfg, resume, log)
     save_config(cfg, run_dir / "config.yaml")
     policy = Policy(model, tok, rollout=cfg.rollout)
@@ -248,7 +250,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     ranks = start_learners(cfg, str(resolve_model_path(cfg.model.name)), model_device(model), run_dir,
                            correction, log) if cfg.train.learners > 1 else None  # this process: rank 0
     learner = Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model, is_cap=cfg.pipeline.is_cap,
-                      proximal=cfg.pipeline.proximal, ranks=ranks, correction=correction)
+                      proximal=cfg.pipeline.proximal, ranks=ranks, correction=correction, critic=critic)
     run = Run(
         cfg=cfg, dir=run_dir, domains=domains, policy=policy, learner=learner, sampler=sampler, schedule=schedule,
         kl_ctl=make_kl_controller(cfg.rl.kl_coef, cfg.rl.kl_target, cfg.rl.kl_horizon), engine=engine,

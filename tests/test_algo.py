@@ -46,7 +46,7 @@ def test_registries_know_their_names():
     assert LOSS_AGGREGATIONS.names() == ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"]
     with pytest.raises(ConfigError) as e:
         ADVANTAGES.get("nope")
-    assert str(e.value) == "config key 'rl.advantage' = 'nope': unknown advantage estimator (expected one of: grpo, reinforce_pp, rloo)"
+    assert str(e.value) == "config key 'rl.advantage' = 'nope': unknown advantage estimator (expected one of: gae, grpo, reinforce_pp, rloo)"
 
 
 def test_an_aggregation_cannot_be_registered_without_its_micro_batch_rule():

@@ -1,15 +1,30 @@
-"""Group-relative advantages: each completion is judged against the other attempts at the same prompt.
+"""Advantage estimators, registered by the name `rl.advantage` gives them.
 
-rewards: [G, N] (G groups of N samples) -> advantages: [G, N].
+From rewards alone (each completion judged against the other attempts at the same prompt, or the
+batch): rewards [G, N] (G groups of N samples) -> advantages [G, N].
+From a learned value model (`AdvantageFacts.needs_values`: gae): per-token rewards and values
+[B, T] -> per-token advantages and returns [B, T].
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from postrl.registry import Registry
 
-ADVANTAGES = Registry("advantage estimator", key="rl.advantage")
+
+@dataclass(frozen=True)
+class AdvantageFacts:
+    """What an advantage estimator registers beside its function."""
+
+    needs_values: bool = False
+    """It reads a value model's per-token values (`critic.model`) and gives per-token advantages,
+    instead of one advantage a completion from the rewards alone."""
+
+
+ADVANTAGES = Registry("advantage estimator", key="rl.advantage", facts=AdvantageFacts)
 register_advantage = ADVANTAGES.register
 
 
@@ -51,6 +66,39 @@ def reinforce_pp(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 
     if scale_by_std:
         centred = centred / (rewards.std() + eps)
     return centred
+
+
+@register_advantage("gae", needs_values=True)
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016), PPO's estimator with a critic.
+
+    rewards, values, mask: [B, T]; mask is 1 on the action tokens. Going backwards over a row's
+    action tokens t (positions where mask is 0, a multi-turn episode's tool output, are skipped:
+    the state after an action is the next action's state),
+        delta_t = r_t + gamma * V_next - V_t,   A_t = delta_t + gamma * lam * A_next,
+    with V_next = A_next = 0 after the last action. Returns (advantages, returns = A + V), both 0
+    off the mask. With gamma = lam = 1 each A_t is the row's reward sum from t on minus V_t.
+    """
+    adv = torch.zeros_like(values)
+    carry = torch.zeros_like(values[:, 0])  # [B] A of the next action token
+    next_value = torch.zeros_like(carry)
+    for t in reversed(range(values.shape[1])):
+        on = mask[:, t] > 0
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        carry = torch.where(on, delta + gamma * lam * carry, carry)
+        next_value = torch.where(on, values[:, t], next_value)
+        adv[:, t] = torch.where(on, carry, torch.zeros_like(carry))
+    return adv, (adv + values) * mask
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """values, mask: [B, T] -> (values - mean) / (std + eps) over the masked entries, 0 elsewhere
+    (the unbiased std, as `grpo`'s). PPO normalises GAE's advantages over the batch this way."""
+    n = mask.sum()
+    mean = (values * mask).sum() / n.clamp(min=1)
+    var = (((values - mean) * mask) ** 2).sum() / (n - 1).clamp(min=1)
+    return (values - mean) / (var.sqrt() + eps) * mask
 
 
 def fill_unverified(rewards: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:

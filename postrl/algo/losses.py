@@ -21,6 +21,9 @@ class LossFacts:
     token_weight: bool = True
     """Whether it can take a per-token importance weight (`is_weight`: decoupled PPO on stale rows,
     a rollout correction); a sequence-level loss cannot, and the config check refuses the pair."""
+    token_advantage: bool = True
+    """Whether it can take one advantage a token ([B, T]: `rl.advantage: gae`) besides one a
+    completion ([B]); a loss with one ratio a sequence cannot, and the config check refuses the pair."""
 
 
 LOSSES = Registry("policy loss", key="rl.loss", facts=LossFacts)
@@ -110,6 +113,12 @@ def seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, budget: in
     return (values * mask).sum() / (mask.shape[0] * budget)
 
 
+def token_advantages(advantages: torch.Tensor) -> torch.Tensor:
+    """[B] (one advantage a completion) -> [B, 1], broadcast over its tokens; [B, T] (one a token,
+    GAE) as it is."""
+    return advantages[:, None] if advantages.dim() == 1 else advantages
+
+
 @dataclass
 class LossStats:
     clip_frac: float
@@ -121,7 +130,7 @@ class LossStats:
 def ppo_clip(
     logp: torch.Tensor,  # [B, T] current policy
     old_logp: torch.Tensor,  # [B, T] behaviour policy
-    advantages: torch.Tensor,  # [B]
+    advantages: torch.Tensor,  # [B], or [B, T] one a token
     mask: torch.Tensor,  # [B, T]
     clip_low: float,
     clip_high: float,
@@ -136,7 +145,7 @@ def ppo_clip(
     carries the importance weight from that policy to `old_logp`'s (see `truncated_is_weight`).
     """
     ratio = torch.exp(logp - old_logp)  # [B, T]
-    adv = advantages[:, None]  # [B, 1]
+    adv = token_advantages(advantages)  # [B, 1] or [B, T]
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)  # [B, T]
@@ -193,7 +202,7 @@ def truncated_is_weight(prox_logp: torch.Tensor, behav_logp: torch.Tensor, cap: 
 
 
 def _clip_stats(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> LossStats:
-    """ratio, mask: [B, T]; adv: [B, 1]. Share of masked tokens clipped in the advantage's direction."""
+    """ratio, mask: [B, T]; adv: [B, 1] or [B, T]. Share of masked tokens clipped in the advantage's direction."""
     with torch.no_grad():
         was_clipped = ((ratio < 1 - low) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
         n = mask.sum().clamp(min=1)
@@ -201,7 +210,7 @@ def _clip_stats(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low:
                          ratio_mean=float((ratio * mask).sum() / n))
 
 
-@register_loss("gspo", token_weight=False)
+@register_loss("gspo", token_weight=False, token_advantage=False)
 def gspo(
     logp: torch.Tensor,  # [B, T] current policy
     old_logp: torch.Tensor,  # [B, T] behaviour policy
@@ -225,6 +234,8 @@ def gspo(
     """
     if is_weight is not None:
         raise ValueError("gspo takes no token-level importance weight (rl.loss=gspo with a rollout correction)")
+    if advantages.dim() != 1:
+        raise ValueError("gspo takes one advantage a completion (rl.loss=gspo with rl.advantage=gae)")
     n_tok = mask.sum(-1).clamp(min=1)  # [B]
     log_s = ((logp - old_logp) * mask).sum(-1) / n_tok  # [B]
     seq_ratio = torch.exp(log_s.detach()[:, None] + logp - logp.detach())  # [B, T], value s_i on every token
@@ -238,7 +249,7 @@ def gspo(
 def cispo(
     logp: torch.Tensor,  # [B, T] current policy
     old_logp: torch.Tensor,  # [B, T] behaviour policy
-    advantages: torch.Tensor,  # [B]
+    advantages: torch.Tensor,  # [B], or [B, T] one a token
     mask: torch.Tensor,  # [B, T]
     clip_low: float,
     clip_high: float,
@@ -254,7 +265,7 @@ def cispo(
     `token-mean` and sets only the upper range in practice (a large clip_low means no lower bound).
     """
     ratio = torch.exp(logp - old_logp).detach()  # [B, T]
-    adv = advantages[:, None]  # [B, 1]
+    adv = token_advantages(advantages)  # [B, 1] or [B, T]
     per_token = -ratio.clamp(1 - clip_low, 1 + clip_high) * adv * logp  # [B, T]
     if is_weight is not None:
         per_token = is_weight.detach() * per_token

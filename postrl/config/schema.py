@@ -184,9 +184,16 @@ class RolloutCorrectionConfig:
 @dataclass
 class RLConfig:
     advantage: str = "grpo"
-    """Advantage estimator (registry name): grpo or rloo."""
+    """Advantage estimator (registry name): grpo, rloo, reinforce_pp (from each completion's reward),
+    or gae (per token, from a learned value model: needs critic.model)."""
     scale_by_std: bool = True
-    """Divide group-centred rewards by the group's std (GRPO) or not (Dr. GRPO)."""
+    """Divide group-centred rewards by the group's std (GRPO) or not (Dr. GRPO); with gae, whiten
+    the token advantages over the batch (centre, divide by the std) or leave them as GAE gives them."""
+    gamma: float = ranged(1.0, ge=0, le=1)
+    """rl.advantage gae: the discount per token (1 = none, as in verl's and OpenRLHF's defaults)."""
+    lam: float = ranged(0.95, ge=0, le=1)
+    """rl.advantage gae: GAE's lambda, between the one-step TD error (0: low variance, leans on the
+    value model) and the Monte Carlo return (1: unbiased, noisy)."""
     loss: str = "ppo_clip"
     """Policy loss (registry name): ppo_clip."""
     clip_low: float = 0.2
@@ -220,6 +227,23 @@ class RLConfig:
     """Entropy bonus weight (0 = off)."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Off-policy correction of the train/inference mismatch (`rl.rollout_correction.mode`)."""
+
+
+@dataclass
+class CriticConfig:
+    model: str = ""
+    """PPO's value model (`rl.advantage: gae`): policy (a value head on a copy of the policy's
+    backbone, LoRA adapters included), or a model name or path whose tokenizer is the policy's
+    (a separate, often smaller, model); empty = no critic."""
+    lr: float = ranged(0.0, ge=0)
+    """The critic's AdamW learning rate (0 = train.lr); it warms up over train.warmup_steps."""
+    warmup_steps: int = ranged(0, ge=0)
+    """Steps at the start in which only the critic trains and the policy is not updated, so the
+    first policy updates get advantages from a value model that has seen some returns (verl's
+    trainer.critic_warmup)."""
+    value_clip: float = ranged(0.2, ge=0)
+    """PPO's value clipping: a new value may move at most this far from the value the batch was
+    built with before its loss stops pulling it (0 = off)."""
 
 
 @dataclass
@@ -431,6 +455,7 @@ class Config:
     """Trained reward models (`postrl rm train`) usable as reward terms: {term name: model directory}."""
     train: TrainConfig = field(default_factory=TrainConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)

@@ -3,7 +3,7 @@
     learner = Learner(policy, ref_model, cfg.train, cfg.rl, cfg.model)  # model: micro-batches, checkpointing, chunks
     batch = learner.build_batch(samples, kl_coef)      # tensors, reference log-probs, advantages
     stats = learner.update(batch, kl_coef, generator)  # ppo_epochs x minibatches optimiser steps
-    state = learner.state_dict()                       # optimiser (bf16: its fp32 masters), LR schedule, version
+    state = learner.state_dict()                       # optimiser (bf16: its fp32 masters), LR schedule, version, critic
     learner.load_state_dict(state)                     # a checkpoint's (the model's weights are loaded first)
     learner.scale_lr(0.5)                              # rollback: the learning rate from here on
 
@@ -16,6 +16,10 @@ theirs are behind (at the start, after a load or an LR change).
 The learner owns each step's advantages: `build_batch` computes them from the samples' rewards
 (`postrl.algo.advantages.group_advantages`) and writes each one into its sample (`advantage`,
 and `kl_penalty` when the KL goes into the reward), so the batch and the stored rollout agree.
+With a critic (`critic.model`, `rl.advantage: gae`; `postrl.learner.critic`) they are per token,
+from the critic's values of the batch, the sample keeping their mean over its tokens; the critic
+takes an optimiser step on each policy minibatch, and during `critic.warmup_steps` the policy's
+passes run without a backward (its metrics measured, its weights unchanged).
 
 Memory (long chains): a minibatch is cut into micro-batches by `model.micro_batch_size`
 completions and/or `train.max_tokens_per_microbatch` tokens (whichever limit comes first); each
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from postrl.algo.advantages import ADVANTAGES, group_advantages
+from postrl.algo.advantages import ADVANTAGES, fill_unverified, group_advantages
 from postrl.algo.correction import CORRECTIONS, correction_stats, mismatch_stats
 from postrl.algo.losses import (
     LOSS_AGGREGATIONS,
@@ -60,6 +64,7 @@ from postrl.learner.batch import (
     micro_batches,
     padded_rows,
 )
+from postrl.learner.critic import Critic, gae_advantages, value_stats
 from postrl.learner.offpolicy import Probe, offpolicy_stats
 from postrl.learner.precision import make_optimizer
 from postrl.learner.ranks import LearnerRanks
@@ -89,13 +94,17 @@ class UpdateStats:
     offpolicy: dict[str, float] = field(default_factory=dict)
     """Off-policy metrics: `mismatch/*` every step (`mismatch_stats`), `offpolicy/*` on a stale
     batch with no rollout correction, `rollout_correction/*` with one."""
+    critic: dict[str, float] = field(default_factory=dict)
+    """`critic/*` with a critic (`Learner._critic_stats`); empty without one."""
 
 
 class Learner:
     def __init__(self, policy: Policy, ref_model, train: TrainConfig, rl: RLConfig,
                  model_cfg: ModelConfig | None = None, is_cap: float = 2.0, proximal: str = "trainer",
-                 ranks: LearnerRanks | None = None, correction: str = "none"):
+                 ranks: LearnerRanks | None = None, correction: str = "none", critic: Critic | None = None):
         self.policy, self.ref_model, self.train_cfg, self.rl = policy, ref_model, train, rl
+        self.critic = critic
+        """PPO's value model and its optimiser (`critic.model`), or None."""
         self.is_cap = is_cap
         """Truncation of the behaviour->proximal importance weight on stale batches."""
         self.proximal = proximal
@@ -158,7 +167,8 @@ class Learner:
         if self.sharded and self.ranks.rank == 0:
             self.ranks.gather_state()
         optimizer = self.full_optimizer_state() if self.sharded else self.opt.state_dict()
-        return {"optimizer": optimizer, "scheduler": self.sched.state_dict(), "policy_version": self.policy.version}
+        state = {"optimizer": optimizer, "scheduler": self.sched.state_dict(), "policy_version": self.policy.version}
+        return state | ({"critic": self.critic.state_dict()} if self.critic is not None else {})
 
     def full_optimizer_state(self) -> dict:
         """Sharded, on every rank at once (a collective): the optimiser's state gathered whole."""
@@ -179,6 +189,11 @@ class Learner:
             self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.policy.version = state["policy_version"]
+        if self.critic is not None:
+            if "critic" not in state:
+                raise UserError("this checkpoint was written without a critic (critic.model was not set); "
+                                "resume it with the recipe it was written by")
+            self.critic.load_state_dict(state["critic"])
         self._state_changed()
 
     def scale_lr(self, factor: float) -> None:
@@ -225,37 +240,55 @@ class Learner:
             else:
                 ref = self._logprobs(self.ref_model, torch.arange(len(samples), device=self.device), ids, attn,
                                      loss_mask, temps, out=torch.zeros_like(old))
-        adv = self._advantages(samples, old, ref, loss_mask, kl_coef)
+        values = None
+        if self.critic is not None:
+            values = self.critic.values(ids, attn, loss_mask, self._micro_batches(
+                torch.arange(len(samples), device=self.device), attn))
+        adv, returns, value_mask = self._advantages(samples, old, ref, loss_mask, kl_coef, values)
         fresh = torch.tensor([s.policy_version == self.policy.version for s in samples], device=self.device)
         prox = self._proximal_logprobs(fresh, ids, attn, loss_mask, old, temps)
-        return Batch(ids, attn, loss_mask, old, ref, adv, temps, prox, fresh)
+        return Batch(ids, attn, loss_mask, old, ref, adv, temps, prox, fresh, values, returns, value_mask)
 
-    def _advantages(self, samples, old, ref, loss_mask, kl_coef: float) -> torch.Tensor:
-        """[B] group-relative advantages, written into the samples too. With `rl.kl_in: reward`
-        each reward is first reduced by kl_coef times the sequence KL to the reference (summed over
-        tokens, on the behaviour log-probs), as in PPO-RLHF; with `rl.overlong_buffer` by DAPO's
-        soft overlong penalty. The [G, N] view needs whole groups, each contiguous: `build_batch`
+    def _advantages(self, samples, old, ref, loss_mask, kl_coef: float, values: torch.Tensor | None):
+        """(advantages, returns, value mask): [B] group-relative advantages, written into the
+        samples too, and None, None; with a critic's `values` GAE's per-token ones [B, T-1], the
+        returns and the tokens the critic learns from (`gae_advantages`), each sample keeping the
+        mean of its own. With `rl.kl_in: reward` each reward is first reduced by kl_coef times the
+        sequence KL to the reference (summed over tokens, on the behaviour log-probs), as in
+        PPO-RLHF (with GAE: each token's at that token); with `rl.overlong_buffer` by DAPO's soft
+        overlong penalty. The [G, N] view needs whole groups, each contiguous: `build_batch`
         checked them."""
         n = self.train_cfg.samples_per_prompt
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=self.device).view(-1, n)  # [G, N]
         verified = torch.tensor([s.score is not None and s.score.status == "ok" for s in samples],
                                 device=self.device).view(-1, n)
-        penalty = None
+        kl_penalty = token_kl = overlong = None
         if self.rl.kl_in == "reward" and ref is not None:
-            kl = kl_estimate(old, ref, self.rl.kl_estimator)  # [B, T-1]
-            penalty = kl_coef * (kl * loss_mask).sum(-1)  # [B]
-        kl_penalty = penalty
+            kl = kl_estimate(old, ref, self.rl.kl_estimator) * loss_mask  # [B, T-1]
+            kl_penalty = kl_coef * kl.sum(-1)  # [B]
+            token_kl = kl_coef * kl if values is not None else None
         if self.rl.overlong_buffer:
             lengths = torch.tensor([completion_length(s) for s in samples], device=self.device)
-            shaped = -self.rl.overlong_penalty * soft_overlong_penalty(lengths, self.train_cfg.max_new_tokens,
-                                                                       self.rl.overlong_buffer)  # [B], >= 0
-            penalty = shaped if penalty is None else penalty + shaped
-        estimator = ADVANTAGES.get(self.rl.advantage, key="rl.advantage")
-        adv = group_advantages(estimator, rewards, verified, penalty, self.rl.scale_by_std)  # [B]
-        for i, (s, a) in enumerate(zip(samples, adv.tolist())):
+            overlong = -self.rl.overlong_penalty * soft_overlong_penalty(lengths, self.train_cfg.max_new_tokens,
+                                                                         self.rl.overlong_buffer)  # [B], >= 0
+        returns = value_mask = None
+        if values is None:
+            penalty = kl_penalty
+            if overlong is not None:
+                penalty = overlong if penalty is None else penalty + overlong
+            estimator = ADVANTAGES.get(self.rl.advantage, key="rl.advantage")
+            adv = per_sample = group_advantages(estimator, rewards, verified, penalty, self.rl.scale_by_std)  # [B]
+        else:  # GAE: the reward less the overlong penalty at the last token, the KL at each token
+            shaped = fill_unverified(rewards, verified).flatten()
+            if overlong is not None:
+                shaped = shaped - overlong
+            adv, returns, value_mask = gae_advantages(shaped, verified.flatten(), values, loss_mask, token_kl,
+                                                      self.rl.gamma, self.rl.lam, self.rl.scale_by_std)
+            per_sample = (adv * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1)
+        for i, (s, a) in enumerate(zip(samples, per_sample.tolist())):
             s.advantage = a
             s.kl_penalty = None if kl_penalty is None else float(kl_penalty[i])
-        return adv
+        return adv, returns, value_mask
 
     @torch.no_grad()
     def _proximal_logprobs(self, fresh, ids, attn, loss_mask, old, temps) -> torch.Tensor | None:
@@ -298,17 +331,27 @@ class Learner:
         model.train()
         size = batch.input_ids.shape[0] // self.train_cfg.minibatches
         totals: dict[str, float] = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ent": 0.0, "clip": 0.0, "gn": 0.0}
-        kl_max, steps = 0.0, 0
+        kl_max, steps, passes = 0.0, 0, 0
+        critic_terms: dict[str, float] = {}
+        frozen = self.critic is not None and self.critic.warming_up  # critic.warmup_steps: the policy waits
         probe = Probe.of(batch) if self.correction == "none" else None  # a correction measured in build_batch
         for epoch in range(self.train_cfg.ppo_epochs):
             # drawn on the generator's device (the CPU's seeded stream): the same order on every device
             order = torch.randperm(batch.input_ids.shape[0], generator=generator, device=generator.device)
             order = order.to(self.device)
             for start in range(0, len(order), size):
+                mb = order[start : start + size]
+                if self.critic is not None:
+                    for key, value in self.critic.step(batch, mb, self._micro_batches(mb, batch.attention_mask)).items():
+                        critic_terms[key] = critic_terms.get(key, 0.0) + value
                 self.opt.zero_grad(set_to_none=True)
-                mb_max = self._accumulate(batch, order[start : start + size], kl_coef, totals,
-                                          sample_entropy if epoch == 0 else None, probe if steps == 0 else None)
+                with torch.set_grad_enabled(not frozen):
+                    mb_max = self._accumulate(batch, mb, kl_coef, totals, sample_entropy if epoch == 0 else None,
+                                              probe if passes == 0 else None, backward=not frozen)
                 kl_max = max(kl_max, mb_max)
+                passes += 1
+                if frozen:  # measured, not stepped
+                    continue
                 if self.ranks is not None and not self.sharded:  # sharded: FSDP2 summed them in the backward
                     self.ranks.sum_grads([p for p in model.parameters() if p.requires_grad])
                 gn = sharded.full(torch.nn.utils.clip_grad_norm_(model.parameters(), self.train_cfg.max_grad_norm))
@@ -326,11 +369,23 @@ class Learner:
         elif self.ranks is not None:
             self.ranks.check_same([p for p in model.parameters() if p.requires_grad])
         return UpdateStats(
-            loss=totals["loss"] / steps, pg_loss=totals["pg"] / steps, kl_mean=totals["kl"] / steps, kl_max=kl_max,
-            entropy=totals["ent"] / steps, clip_frac=totals["clip"] / steps, grad_norm=totals["gn"] / steps,
+            loss=totals["loss"] / passes, pg_loss=totals["pg"] / passes, kl_mean=totals["kl"] / passes, kl_max=kl_max,
+            entropy=totals["ent"] / passes, clip_frac=totals["clip"] / passes, grad_norm=totals["gn"] / max(steps, 1),
             lr=self.sched.get_last_lr()[0], optimizer_steps=steps, sample_entropy=sample_entropy.tolist(),
             memory=memory, offpolicy=self._offpolicy_stats(batch, probe),
+            critic=self._critic_stats(batch, critic_terms, passes, frozen),
         )
+
+    def _critic_stats(self, batch: Batch, terms: dict[str, float], steps: int, frozen: bool) -> dict[str, float]:
+        """`critic/*` metrics of this update (the critic's updates counted): the means over its optimiser
+        steps, the batch's values against their returns (`value_stats`), its learning rate, and
+        whether the policy waited for it (`critic/warmup`, 1 during critic.warmup_steps)."""
+        if self.critic is None:
+            return {}
+        self.critic.updates += 1
+        return ({f"critic/{key}": value / steps for key, value in terms.items()}
+                | value_stats(batch.values, batch.returns, batch.value_mask)
+                | {"critic/lr": self.critic.sched.get_last_lr()[0], "critic/warmup": float(frozen)})
 
     @torch.no_grad()
     def _write_back(self, weights: dict[str, torch.Tensor]) -> None:
@@ -362,11 +417,11 @@ class Learner:
         return CORRECTIONS.get(self.correction)(prox - behav, mask, rc.cap, rc.low)
 
     def _accumulate(self, batch: Batch, mb: torch.Tensor, kl_coef: float, totals: dict[str, float],
-                    sample_entropy: torch.Tensor | None, probe: Probe | None) -> float:
+                    sample_entropy: torch.Tensor | None, probe: Probe | None, backward: bool = True) -> float:
         """The minibatch `mb`'s gradient (this rank's share of it, with data-parallel ranks) and
         weighted loss terms added to `totals`; returns its largest token KL. Gradient accumulation:
         each micro-batch's loss is weighted by its share of the minibatch's aggregation
-        denominator, so the summed gradient is the minibatch's."""
+        denominator, so the summed gradient is the minibatch's. `backward` False: the terms only."""
         rows, kl_max = mb if self.ranks is None else self.ranks.share(mb), 0.0
         micros = self._micro_batches(rows, batch.attention_mask) if len(rows) else []
         if self.sharded:  # FSDP2 gathers weights in each pass: every rank runs as many, some with weight 0
@@ -378,7 +433,8 @@ class Learner:
                 continue
             weight = self.share(batch.loss_mask[micro], batch.loss_mask[mb])
             loss, terms = self._micro_loss(batch, micro, kl_coef, sample_entropy, probe)
-            (weight * loss).backward()
+            if backward:
+                (weight * loss).backward()
             for key in ("loss", "pg", "kl", "ent", "clip"):
                 totals[key] += weight * terms[key]
             kl_max = max(kl_max, terms["kl_max"])
@@ -415,8 +471,10 @@ class Learner:
                 weight = truncated_is_weight(old, behav, self.is_cap)  # [b, t]
             else:  # the rollout correction's transform of pi_prox / pi_behav, on every row
                 weight = self._correct(old, behav, mask).weight  # [b, t]
-        pg, st = self.loss_fn(logp, old, batch.advantages[rows], mask, rl.clip_low, rl.clip_high, self.agg,
-                              is_weight=weight)
+        adv = batch.advantages[rows]
+        if adv.dim() == 2:  # one a token (GAE)
+            adv = adv[:, : width - 1]
+        pg, st = self.loss_fn(logp, old, adv, mask, rl.clip_low, rl.clip_high, self.agg, is_weight=weight)
         loss, ent_mean = pg, aggregate(ent, mask, self.agg)
         if sample_entropy is not None:
             sample_entropy[rows] = ((ent * mask).sum(-1) / mask.sum(-1).clamp(min=1)).detach()

@@ -45,7 +45,8 @@ class Probe:
 
     @classmethod
     def of(cls, batch: Batch) -> Probe:
-        return cls(torch.zeros_like(batch.old_logprobs), torch.zeros_like(batch.advantages, dtype=torch.bool))
+        rows = torch.zeros(batch.input_ids.shape[0], dtype=torch.bool, device=batch.input_ids.device)
+        return cls(torch.zeros_like(batch.old_logprobs), rows)
 
     def keep(self, rows: torch.Tensor, logp: torch.Tensor) -> None:
         self.logp[rows, : logp.shape[1]] = logp.detach()

@@ -102,6 +102,28 @@ def token_logprobs(
     return _scatter(logp, keep), (None if entropy is None else _scatter(entropy, keep))
 
 
+def token_values(model, value_head, input_ids: torch.Tensor, attention_mask: torch.Tensor, needed: torch.Tensor,
+                 *, pack: bool = False) -> torch.Tensor:
+    """A value model's outputs [B, T-1]: `value_head` ([H] -> [1]) on `model`'s final hidden states
+    at the positions `needed` marks (position t: the state before token t+1 is chosen), 0 elsewhere;
+    the same backbone passes as `token_logprobs` (FastLM, shared prompts, packing), without the
+    vocabulary head. A ValueError for a model whose hidden states no pass here reaches."""
+    if not has_backbone(model):
+        raise ValueError(f"a value head reads a decoder's hidden states; {type(model).__name__} is not a "
+                         f"model this module splits (Llama-family: {', '.join(sorted(COVERED))})")
+    keep = needed.bool()
+    if pack:
+        hidden, _ = _packed_hidden(model, input_ids, attention_mask, keep)  # [N, H]
+    else:
+        hidden, _ = _final_hidden(model, input_ids, attention_mask, keep)  # [N, H]
+    return _scatter(value_head(hidden).squeeze(-1).float(), keep)
+
+
+def has_backbone(model) -> bool:
+    """Whether `model`'s final hidden states are reachable without its head (`token_values`)."""
+    return FastLM.wrap(model) is not None or _decoder_and_head(model) is not None
+
+
 # ---------------------------------------------------------------------------- the backbone
 
 

@@ -52,7 +52,7 @@ def step_metrics(samples: list[Sample], stats: UpdateStats, times: StepTimes, kl
         m[f"pass_rate/{name}"] = mean(bool(samples[i].score and samples[i].score.correct) for i in idx)
         m[f"entropy/{name}"] = mean(stats.sample_entropy[i] for i in idx)
         m[f"batch/{name}"] = len(idx) / len(samples)
-    return m | reward_function_metrics(samples) | stats.memory | stats.offpolicy
+    return m | reward_function_metrics(samples) | stats.memory | stats.offpolicy | stats.critic
 
 
 def reward_function_metrics(samples: list[Sample]) -> dict[str, float]:
