@@ -67,20 +67,21 @@ def cost_lines(cfg, hardware_name: str, learners: int, prompt_tokens: float | No
     """The cost table: hardware, model, the step's phases, the run, memory per rank."""
     from postrl.cost.hardware import hardware
     from postrl.cost.host import host_times
-    from postrl.cost.shape import matmul_shapes, model_facts, workload
+    from postrl.cost.shape import critic_facts, matmul_shapes, model_facts, workload
     from postrl.cost.step import step_cost
 
     model, tok = model_facts(cfg)
+    critic = critic_facts(cfg, model)
     work = workload(cfg, tok, prompt_tokens, completion_tokens)
     hw = hardware(hardware_name, cfg.run.threads, matmul_shapes(cfg, model, work), cfg.model.dtype)
-    host = host_times(cfg, model, work, tok, on_cpu=not hw.accelerator)
-    step = step_cost(cfg, model, work, hw, host)
-    return [*_setting_lines(cfg, hardware_name, hw, model, work), *_phase_lines(cfg, model, work, hw, step, host),
-            *_bound_lines(step), *_run_lines(cfg, model, work, hw, step, host.decode_step),
-            *_memory_lines(cfg, model, work, hw, learners)]
+    host = host_times(cfg, model, work, tok, on_cpu=not hw.accelerator, critic=critic)
+    step = step_cost(cfg, model, work, hw, host, critic)
+    return [*_setting_lines(cfg, hardware_name, hw, model, work, critic),
+            *_phase_lines(cfg, model, work, hw, step, host, critic), *_bound_lines(step),
+            *_run_lines(cfg, model, work, hw, step, host.decode_step), *_memory_lines(cfg, model, work, hw, learners, critic)]
 
 
-def _setting_lines(cfg, name: str, hw, model, work) -> list[str]:
+def _setting_lines(cfg, name: str, hw, model, work, critic) -> list[str]:
     lora = cfg.model.lora
     if hw.accelerator:
         device = (f"{hw.peak_flops / 1e12:g} TFLOP/s dense bf16 x {hw.flops_share:.2f} assumed = "
@@ -103,14 +104,28 @@ def _setting_lines(cfg, name: str, hw, model, work) -> list[str]:
         + (" (every one to max_new_tokens: an upper bound)" if work.completion_tokens == work.new_tokens else
            f" on average, up to {work.new_tokens}"),
     ]
+    if critic is not None:
+        lines.append(f"critic                 {_critic_model(cfg, critic)}")
     if hw.accelerator and cfg.model.dtype == "float32":
         lines.append("note                   float32 weights: the figures are bf16 tensor-core rates; a float32 run "
                      "is far slower (set model.dtype: bfloat16)")
     return lines
 
 
-def _phase_lines(cfg, model, work, hw, step, host) -> list[str]:
-    from postrl.cost.step import extra_forwards, learner_flops, sync_bytes
+def _critic_model(cfg, critic) -> str:
+    """What the critic is and what it trains (`postrl.cost.shape.critic_lora`)."""
+    from postrl.cost.shape import critic_lora
+
+    trains = _count(critic.value_trained(critic_lora(cfg, cfg.model.lora)))
+    if cfg.critic.model == "policy":
+        own = ": its own adapters and the head, the base frozen" if cfg.model.lora.r > 0 else ""
+        return f"policy: a value head on a copy of the policy ({_count(critic.params)} parameters), {trains} weights trained{own}"
+    return (f"{cfg.critic.model}: a value head on its own model, {_count(critic.params)} parameters, "
+            f"{critic.layers} layers, hidden {critic.hidden}; {trains} weights trained")
+
+
+def _phase_lines(cfg, model, work, hw, step, host, critic) -> list[str]:
+    from postrl.cost.step import critic_flops, extra_forwards, learner_flops, sync_bytes
 
     forward, epoch = learner_flops(cfg, model, work, attention=hw.accelerator)
     measured = "host, overlapped" if hw.accelerator else "measured here, added"
@@ -121,7 +136,7 @@ def _phase_lines(cfg, model, work, hw, step, host) -> list[str]:
     reference = (f"2 P per decoder token ({work.body_tokens(fused):,.0f}: "
                  f"{'a group prompt once, fused' if fused else 'padded rows'}) + the head: {_flop(forward.body + forward.head)}"
                  if cfg.rl.kl_coef > 0 else "rl.kl_coef 0: no reference pass, the advantages")
-    return [
+    lines = [
         f"sampling               {step.sampling_s:8.2f} s   prefill {step.prefill_s:.2f} s + {work.new_tokens - 1} "
         f"decode steps {step.decode_s:.2f} s ({step.decode_bound}-bound) + {step.host_s:.2f} s "
         f"({host.decode_step * 1e3:.1f} ms a step, {measured})",
@@ -131,6 +146,12 @@ def _phase_lines(cfg, model, work, hw, step, host) -> list[str]:
         f"sync                   {step.sync_s:8.2f} s   " + (f"{sync_bytes(cfg, model) / 2**20:,.0f} MiB of weights"
                                                           if step.sync_s else "none: the sampler uses the learner's weights"),
     ]
+    if critic is not None:
+        values, steps = critic_flops(cfg, critic, work, attention=hw.accelerator)
+        lines.insert(3, f"critic                 {step.critic_s:8.2f} s   values {_flop(values.body)} + {host.critic_values:.2f} s"
+                        f"; {cfg.train.ppo_epochs} x {_flop(steps.body)} of steps + {host.critic_steps:.2f} s ({measured})"
+                        f"; no vocabulary head")
+    return lines
 
 
 def _bound_lines(step) -> list[str]:
@@ -155,7 +176,7 @@ def _run_lines(cfg, model, work, hw, step, host: float) -> list[str]:
             f"{evals} eval(s) x {one_eval:.2f} s"]
 
 
-def _memory_lines(cfg, model, work, hw, learners: int) -> list[str]:
+def _memory_lines(cfg, model, work, hw, learners: int, critic) -> list[str]:
     from postrl.config.schema import LoraConfig
     from postrl.cost.hardware import GIB
     from postrl.cost.memory import Memory, memory_per_rank
@@ -164,10 +185,13 @@ def _memory_lines(cfg, model, work, hw, learners: int) -> list[str]:
     columns = [("every weight", LoraConfig(r=0), False), (f"LoRA r {lora.r}", lora, False)]
     if learners > 1:
         columns = [c for name, lc, _ in columns for c in ((name, lc, False), (f"{name}, fsdp/{learners}", lc, True))]
-    mems = [memory_per_rank(cfg, model, work, lc, learners, sharded, hw.accelerator) for _, lc, sharded in columns]
+    mems = [memory_per_rank(cfg, model, work, lc, learners, sharded, hw.accelerator, critic)
+            for _, lc, sharded in columns]
     width = max(len(name) for name, *_ in columns) + 3
     lines = [f"memory per rank, GiB   {''.join(f'{name:>{width}}' for name, *_ in columns)}"]
     for f in fields(Memory):
+        if f.name.startswith("critic") and critic is None:
+            continue
         lines.append(f"  {f.name.replace('_', ' '):21}{''.join(f'{getattr(m, f.name) / GIB:>{width}.3f}' for m in mems)}")
     lines.append(f"  {'peak':21}{''.join(f'{m.total / GIB:>{width}.3f}' for m in mems)}   ({hw.memory_gib:.4g} GiB "
                  f"on {hw.name})")

@@ -3,10 +3,11 @@
     hw = hardware("h100-sxm")                   # cost.hardware: a GPU preset (or a common name: h100) | "cpu"
                                                 #   (measured now) | "custom:tflops=T,tbps=B,gib=G"
     model, tok = model_facts(cfg)               # cost.shape: the recipe's model from its config and tokenizer
+    critic = critic_facts(cfg, model)           #   PPO's critic's model (critic.model), None without one
     work = workload(cfg, tok)                   #   the step's shape; prompt length measured on the recipe's tasks
-    host = host_times(cfg, model, work, tok, on_cpu=not hw.accelerator)   # cost.host: what the formulas leave out
-    step = step_cost(cfg, model, work, hw, host)                           # cost.step: the formulas
-    mem = memory_per_rank(cfg, model, work, cfg.model.lora, ranks=4, sharded=True)   # cost.memory
+    host = host_times(cfg, model, work, tok, not hw.accelerator, critic)  # cost.host: what the formulas leave out
+    step = step_cost(cfg, model, work, hw, host, critic)                   # cost.step: the formulas
+    mem = memory_per_rank(cfg, model, work, cfg.model.lora, ranks=4, sharded=True, critic=critic)   # cost.memory
 
 The hardware's figures (`hardware`: datasheet presets, the CPU measured) are apart from the
 arithmetic that uses them (`step`, `memory`), which takes any `Hardware`. `postrl plan --hardware`

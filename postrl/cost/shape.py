@@ -39,6 +39,9 @@ class ModelFacts:
     vocab: int
     config: object
     """The model's Hugging Face config (the host measurement builds a narrow copy from it)."""
+    tied: bool = True
+    """Whether the vocabulary head is the embedding matrix (in `params` once); untied, `params`
+    holds it apart, and a value model, which never runs it, leaves it untrained."""
 
     def adapters(self, lora: LoraConfig) -> int:
         """Weights of LoRA adapters `lora` adds: r x (in + out) per targeted linear layer."""
@@ -65,15 +68,43 @@ class ModelFacts:
         """KV cache bytes per token of context."""
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
+    def value_trained(self, lora: LoraConfig) -> int:
+        """Weights a value model on this one trains (`postrl.learner.critic.ValueModel.trained`): its
+        head, hidden + 1, and the backbone's (with LoRA its adapters; else every weight but an untied
+        vocabulary head, which it never runs)."""
+        backbone = self.adapters(lora) if lora.r > 0 else self.params - (0 if self.tied else self.head)
+        return backbone + self.hidden + 1
+
 
 def model_facts(cfg: Config) -> tuple[ModelFacts, object]:
-    """(ModelFacts, tokenizer) of the recipe's model, from its config: the model is built on the
-    meta device, so no weight is read or allocated (a GGUF file's metadata still takes seconds)."""
+    """(ModelFacts, tokenizer) of the recipe's model (`facts_of`)."""
+    return facts_of(cfg.model.name)
+
+
+def critic_facts(cfg: Config, policy: ModelFacts) -> ModelFacts | None:
+    """The critic's model (`critic.model`): None without one, the policy's for `policy` (a copy),
+    else the named model's own (`facts_of`)."""
+    name = cfg.critic.model
+    if not name:
+        return None
+    return policy if name == "policy" else facts_of(name)[0]
+
+
+def critic_lora(cfg: Config, lora: LoraConfig) -> LoraConfig:
+    """The adapters of a critic on a policy trained with `lora`: a copy of the policy carries its
+    own (its base frozen); a separate model has none and trains every weight."""
+    return lora if cfg.critic.model == "policy" else LoraConfig(r=0)
+
+
+def facts_of(name: str) -> tuple[ModelFacts, object]:
+    """(ModelFacts, tokenizer) of the model `name` (as model.name takes it), from its config: the
+    model is built on the meta device, so no weight is read or allocated (a GGUF file's metadata
+    still takes seconds)."""
     from transformers import AutoModelForCausalLM
 
     from postrl.builtin_models import load_config_and_tokenizer
 
-    config, tok = load_config_and_tokenizer(cfg.model.name)
+    config, tok = load_config_and_tokenizer(name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     head = model.get_output_embeddings()
@@ -86,7 +117,7 @@ def model_facts(cfg: Config) -> tuple[ModelFacts, object]:
         intermediate=getattr(config, "intermediate_size", None) or 4 * config.hidden_size, heads=heads,
         kv_heads=getattr(config, "num_key_value_heads", None) or heads,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads, vocab=config.vocab_size,
-        config=config)
+        config=config, tied=head.weight is model.get_input_embeddings().weight)
     return facts, tok
 
 

@@ -10,7 +10,9 @@ hardware reaches:
   update     per token 6 P with every weight trained (forward, input and weight gradients), 4 P with
              LoRA (frozen weights get no weight gradient) plus 6 per adapter weight, 2 P more with
              gradient checkpointing; the head's chunks are recomputed in the backward (8 Vd, LoRA 6 Vd);
-  sync       2 x weight bytes / bandwidth, where the sampler holds its own copy of the weights.
+  sync       2 x weight bytes / bandwidth, where the sampler holds its own copy of the weights;
+  critic     (`critic.model`) its values' pass as the reference's and its steps as the update's, over
+             its own model's P (a separate model's from its config), without the vocabulary head.
 What the formulas leave out (Python, dispatch, the KV cache's bookkeeping; on a CPU also attention
 and the vocabulary's work) is timed on a copy of the model 16 wide (`postrl.cost.host`), and added
 to the device's time on a CPU, overlapped with it on a GPU. docs/hardware.md has the formulas and
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from postrl.config.schema import Config, LoraConfig
 from postrl.cost.hardware import Hardware
 from postrl.cost.host import HostTimes
-from postrl.cost.shape import ModelFacts, Workload, dtype_bytes
+from postrl.cost.shape import ModelFacts, Workload, critic_lora, dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,12 @@ class StepCost:
     forward_s: float
     """One inference pass over the batch: what a pipelined run's proximal policy adds."""
     sync_s: float
+    critic_s: float = 0.0
+    """PPO's critic (`critic.model`): its values' pass in build_batch and its steps in the update; 0 without one."""
 
     @property
     def learning_s(self) -> float:
-        return self.reference_s + self.update_s
+        return self.reference_s + self.update_s + self.critic_s
 
     @property
     def step_s(self) -> float:
@@ -100,15 +104,32 @@ class PassFlops:
 def learner_flops(cfg: Config, model: ModelFacts, work: Workload, attention: bool = True) -> tuple[PassFlops, PassFlops]:
     """(one forward pass, one epoch of the update) over the step's batch; `attention`: count
     attention's FLOPs (on a CPU the measured part holds it)."""
-    lora, fused = cfg.model.lora, model.fused(cfg.model.lora)
-    body, head = work.body_tokens(fused), work.rows * work.completion_tokens
-    trained = work.body_tokens(fused, cfg.train.minibatches)
-    context = (work.prompt_tokens + work.new_tokens) / 2
-    forward = PassFlops(2 * model.matmul * body + attention * model.attention_flops(body, context), 2 * model.head * head)
-    per_body = (4 if lora.r > 0 else 6) + (2 if cfg.model.gradient_checkpointing else 0)
+    lora = cfg.model.lora
+    forward, update = _body_flops(model, work, lora, cfg.train.minibatches, cfg.model.gradient_checkpointing, attention)
+    head = work.rows * work.completion_tokens
     per_head = 6 if lora.r > 0 else 8  # the head's chunks run forward twice: once more in the backward
-    update = PassFlops((per_body * model.matmul + 6 * model.adapters(lora)) * trained
-                       + 3 * attention * model.attention_flops(trained, context), per_head * model.head * head)
+    return PassFlops(forward, 2 * model.head * head), PassFlops(update, per_head * model.head * head)
+
+
+def critic_flops(cfg: Config, critic: ModelFacts, work: Workload, attention: bool = True) -> tuple[PassFlops, PassFlops]:
+    """(the values' pass, one epoch of the critic's steps) over the step's batch: the decoder's
+    passes as the policy's, no vocabulary head (the value head's H -> 1, 1/V of it, left out) and
+    no gradient checkpointing (the critic is built before the learner turns it on)."""
+    forward, update = _body_flops(critic, work, critic_lora(cfg, cfg.model.lora), cfg.train.minibatches, False,
+                                  attention)
+    return PassFlops(forward, 0.0), PassFlops(update, 0.0)
+
+
+def _body_flops(model: ModelFacts, work: Workload, lora: LoraConfig, minibatches: int, checkpointing: bool,
+                attention: bool) -> tuple[float, float]:
+    """The decoder's FLOPs of (a forward pass over the batch, an epoch of the update)."""
+    fused = model.fused(lora)
+    body, trained = work.body_tokens(fused), work.body_tokens(fused, minibatches)
+    context = (work.prompt_tokens + work.new_tokens) / 2
+    forward = 2 * model.matmul * body + attention * model.attention_flops(body, context)
+    per_body = (4 if lora.r > 0 else 6) + (2 if checkpointing else 0)
+    update = ((per_body * model.matmul + 6 * model.adapters(lora)) * trained
+              + 3 * attention * model.attention_flops(trained, context))
     return forward, update
 
 
@@ -133,8 +154,21 @@ def sync_bytes(cfg: Config, model: ModelFacts) -> float:
     return 0.0 if shared else (model.params + model.adapters(cfg.model.lora)) * dtype_bytes(cfg)
 
 
-def step_cost(cfg: Config, model: ModelFacts, work: Workload, hw: Hardware, host: HostTimes) -> StepCost:
-    """Seconds of one step's phases on `hw` (formulas in the module docstring)."""
+def critic_seconds(cfg: Config, critic: ModelFacts, work: Workload, hw: Hardware, host: HostTimes) -> float:
+    """The critic's seconds in a step: one forward over the batch for its values, and per epoch
+    and minibatch a forward and backward over the minibatch's rows and an AdamW step over the
+    weights it trains (`ModelFacts.value_trained`), each with its measured host part."""
+    forward, epoch = critic_flops(cfg, critic, work, attention=hw.accelerator)
+    steps = cfg.train.ppo_epochs * cfg.train.minibatches
+    optimiser = steps * 32 * critic.value_trained(critic_lora(cfg, cfg.model.lora)) / hw.bytes_per_s
+    return (with_host(hw, forward.seconds(hw), host.critic_values)
+            + with_host(hw, cfg.train.ppo_epochs * epoch.seconds(hw), host.critic_steps) + optimiser)
+
+
+def step_cost(cfg: Config, model: ModelFacts, work: Workload, hw: Hardware, host: HostTimes,
+              critic: ModelFacts | None = None) -> StepCost:
+    """Seconds of one step's phases on `hw` (formulas in the module docstring); `critic`: the
+    critic's model (`postrl.cost.shape.critic_facts`), None without one."""
     dtype, lora = dtype_bytes(cfg), cfg.model.lora
     prefill, decode, bound, host_s, sampling = sampling_seconds(model, hw, work, lora, dtype, host.decode_step)
     forward, epoch = learner_flops(cfg, model, work, attention=hw.accelerator)
@@ -149,7 +183,8 @@ def step_cost(cfg: Config, model: ModelFacts, work: Workload, hw: Hardware, host
     return StepCost(
         prefill_s=prefill, decode_s=decode, decode_bound=bound, host_s=host_s, sampling_s=sampling,
         reference_s=reference_s, update_s=update_s,
-        forward_s=forward_s, sync_s=2 * sync_bytes(cfg, model) / hw.bytes_per_s)
+        forward_s=forward_s, sync_s=2 * sync_bytes(cfg, model) / hw.bytes_per_s,
+        critic_s=critic_seconds(cfg, critic, work, hw, host) if critic is not None else 0.0)
 
 
 def eval_seconds(cfg: Config, model: ModelFacts, work: Workload, hw: Hardware, host_per_step: float) -> float:
