@@ -1,7 +1,7 @@
 """Every policy-gradient objective postrl has, side by side on the same problems: which one wins where.
 
     nice .venv/bin/python benchmarks/algorithms.py             # 2 tasks x 9 objectives x 3 seeds (<= 45 min)
-    nice .venv/bin/python benchmarks/algorithms.py --quick     # 1 seed, 4 steps, tiny evals: the tests' smoke
+    nice .venv/bin/python benchmarks/algorithms.py --quick     # 1 seed, 4 steps of 4 prompts, tiny evals: the smoke
     nice .venv/bin/python benchmarks/algorithms.py --only ppo  # one objective's runs (a sitting of its own)
 
 Each run is `postrl.loop.train` on a task's recipe with one objective's overrides (OBJECTIVES), for the
@@ -97,8 +97,8 @@ def run_one(task_name: str, objective: str, seed: int, steps: int, eval_every: i
     """Train once; the record: pass@1 by eval step, the last step's entropy, seconds a step."""
     task = TASKS[task_name]
     overrides = [*task.overrides, *(o.format(buffer=task.overlong_buffer) for o in OBJECTIVES[objective])]
-    if quick:  # the smoke: the same code paths on a few problems
-        overrides += ["eval.num_problems=8", "eval.samples_per_problem=1"]
+    if quick:  # the smoke: the same code paths on a few prompts and problems
+        overrides += ["train.prompts_per_step=4", "eval.num_problems=8", "eval.samples_per_problem=1"]
     overrides += [f"seed={seed}", f"train.total_steps={steps}", f"eval.every_steps={eval_every}",
                   "eval.at_start=true", f"run.dir={run_dir}", "run.overwrite=true", "run.progress=false",
                   "checkpoint.every_steps=0", "run.threads=1"]

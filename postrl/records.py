@@ -142,7 +142,8 @@ class Sample:
     """Number of optimiser updates the sampling policy had received."""
     score: Score | None = None
     advantage: float = 0.0
-    """Group-relative advantage this sample was trained with."""
+    """The advantage this sample was trained with: its group-relative one, or with a critic
+    (`rl.advantage: gae`) the mean of its per-token advantages."""
     kl_penalty: float | None = None
     """With `rl.kl_in: reward`, the KL penalty subtracted from the reward before the advantage
     (stored as the reward component `kl_penalty`, negative); None otherwise."""

@@ -3,7 +3,10 @@ loss worked by hand; the config's pairs refused in one line naming both keys; ru
 (a copy of the policy, LoRA, a separate model directory, the asynchronous pipeline) that learn,
 warm up, and resume bit for bit, the critic's state included."""
 
+import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,9 @@ from postrl.config.loading import load_config
 from postrl.errors import ConfigError
 from postrl.learner.critic import gae_advantages, value_loss, value_stats
 from postrl.names import check_names
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import algorithms  # noqa: E402
 
 # ---------------------------------------------------------------------------- by hand
 
@@ -215,3 +221,17 @@ def test_a_separate_critic_model_directory(tiny_model_dir, tmp_path):
               "train.total_steps=2", "rl.gamma=0.99", "rl.lam=0.9", "rl.kl_in=reward", "rl.overlong_buffer=6")
     m = metrics(tmp_path / "run")
     assert len(m) == 2 and m[1]["critic/value_mean"] != 0.0
+
+
+def test_the_objectives_benchmarks_quick_run_trains_every_objective(builtin_models_cached, tmp_path, capsys):
+    """benchmarks/algorithms.py --quick on arith: every objective (the critic's too) trains and is
+    evaluated, each run's record is kept, and the RESULT lines rank them."""
+    assert algorithms.main(["--quick", "--tasks", "arith", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for name in algorithms.OBJECTIVES:
+        record = json.loads((tmp_path / "arith" / name / "seed0.json").read_text())
+        assert sorted(map(int, record["curve"])) == [0, 2, 4] and record["step_s"] > 0, name
+        assert f"| {name} |" in out
+    assert "critic.model=policy" in json.loads((tmp_path / "arith" / "ppo" / "seed0.json").read_text())["overrides"]
+    lines = out.strip().splitlines()
+    assert lines[-2].startswith("RESULT best_objective=") and lines[-1].startswith("RESULT grpo_rank=")
