@@ -32,6 +32,29 @@ def run_train(model_dir, run_dir, *extra, resume=False):
     return train(cfg, log=lambda *a: None, resume=resume)
 
 
+class Crash(Exception):
+    pass
+
+
+def crash_after_step_2(model_dir, run_dir, extra, monkeypatch) -> None:
+    """`run_train` that dies between steps, after its step-2 checkpoint (the third crash point)."""
+    from postrl import run as run_module
+
+    calls = []
+
+    def crash(name):
+        calls.append(name)
+        if len(calls) == 3:
+            raise Crash
+
+    monkeypatch.setattr(run_module, "crash_point", crash)
+    threads = torch.get_num_threads()
+    with pytest.raises(Crash):
+        run_train(model_dir, run_dir, *extra)
+    monkeypatch.undo()
+    torch.set_num_threads(threads)  # the crashed run's engine never closed to restore it
+
+
 def weights(run_dir):
     return load_file(run_dir / "final" / "model.safetensors")
 
@@ -183,25 +206,8 @@ def test_async_run_resumes_exactly_with_orders_in_flight(tiny_model_dir, tmp_pat
     extra = ["train.total_steps=5", "pipeline.max_staleness=2", "checkpoint.every_steps=2"]
     whole = run_train(tiny_model_dir, tmp_path / "whole", *extra)
 
-    class Crash(Exception):
-        pass
-
-    from postrl import run as run_module
-
-    calls = []
-
-    def crash_after_step_2(name):  # dies between steps, after the step-2 checkpoint
-        calls.append(name)
-        if len(calls) == 3:
-            raise Crash
-
-    monkeypatch.setattr(run_module, "crash_point", crash_after_step_2)
     run_dir = tmp_path / "crashed"
-    threads = torch.get_num_threads()
-    with pytest.raises(Crash):
-        run_train(tiny_model_dir, run_dir, *extra)
-    monkeypatch.undo()
-    torch.set_num_threads(threads)  # the crashed run's engine never closed to restore it
+    crash_after_step_2(tiny_model_dir, run_dir, extra, monkeypatch)
     state = torch.load(run_dir / "checkpoints" / "step_00000002" / "state.pt", weights_only=False)
     assert sorted(state["pipeline"]["done"]) == [2, 3]  # drained in-flight orders are in the checkpoint
     from postrl.loop import resume_config

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_async import metrics, rows, run_train, same_weights, weights
+from test_async import crash_after_step_2, metrics, rows, run_train, same_weights, weights
 
 from postrl.algo.advantages import ADVANTAGES, gae, whiten
 from postrl.algo.losses import cispo, gspo, ppo_clip
@@ -156,25 +156,8 @@ def test_ppo_run_learns_a_value_and_resumes_bit_for_bit_through_the_async_pipeli
     assert m[-1]["critic/explained_variance"] > m[0]["critic/explained_variance"]
     assert [r["critic/warmup"] for r in m] == [0.0] * 4
 
-    class Crash(Exception):
-        pass
-
-    from postrl import run as run_module
-
-    calls = []
-
-    def crash_after_step_2(name):
-        calls.append(name)
-        if len(calls) == 3:
-            raise Crash
-
-    monkeypatch.setattr(run_module, "crash_point", crash_after_step_2)
     run_dir = tmp_path / "crashed"
-    threads = torch.get_num_threads()
-    with pytest.raises(Crash):
-        run_train(tiny_model_dir, run_dir, *extra)
-    monkeypatch.undo()
-    torch.set_num_threads(threads)
+    crash_after_step_2(tiny_model_dir, run_dir, extra, monkeypatch)
     from postrl.loop import resume_config, train
 
     train(resume_config(run_dir, []), log=lambda *a: None, resume=True)
