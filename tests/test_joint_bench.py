@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_curriculum import Named
 
 from postrl.config.loading import load_config
 from postrl.curriculum.sampler import TaskSampler
 from postrl.curriculum.schedule import SCHEDULES
 from postrl.errors import ConfigError
 from postrl.loop import train
-from postrl.records import Response, Task
+from postrl.records import Response
 from postrl.store.query import query
 from postrl.tasks.catalog import build_domains
 
@@ -189,18 +190,6 @@ def test_stages_split_the_steps_nearly_evenly_and_name_their_steps():
     with pytest.raises(ValueError, match="2 steps cannot make 3 stages"):
         bench.stage_lengths(2, 3)
     assert bench.stage_bounds(14, ("a", "b", "c")) == [("a", 0, 5), ("b", 5, 10), ("c", 10, 14)]
-
-
-class Named:
-    """A domain of one problem, named after it."""
-
-    levels = [1]
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def sample(self, rng, level=None):
-        return Task(self.name, self.name, self.name, "0", 1)
 
 
 def test_the_sequential_schedule_draws_only_its_stages_domain_and_resumes_at_its_step():
