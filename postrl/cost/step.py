@@ -154,13 +154,18 @@ def sync_bytes(cfg: Config, model: ModelFacts) -> float:
     return 0.0 if shared else (model.params + model.adapters(cfg.model.lora)) * dtype_bytes(cfg)
 
 
+def optimiser_seconds(cfg: Config, trained: float, hw: Hardware) -> float:
+    """AdamW's steps in an update (ppo_epochs x minibatches) over `trained` weights: each step reads
+    weight, gradient and both moments and writes three, about 32 bytes a weight."""
+    return cfg.train.ppo_epochs * cfg.train.minibatches * 32 * trained / hw.bytes_per_s
+
+
 def critic_seconds(cfg: Config, critic: ModelFacts, work: Workload, hw: Hardware, host: HostTimes) -> float:
     """The critic's seconds in a step: one forward over the batch for its values, and per epoch
     and minibatch a forward and backward over the minibatch's rows and an AdamW step over the
     weights it trains (`ModelFacts.value_trained`), each with its measured host part."""
     forward, epoch = critic_flops(cfg, critic, work, attention=hw.accelerator)
-    steps = cfg.train.ppo_epochs * cfg.train.minibatches
-    optimiser = steps * 32 * critic.value_trained(critic_lora(cfg, cfg.model.lora)) / hw.bytes_per_s
+    optimiser = optimiser_seconds(cfg, critic.value_trained(critic_lora(cfg, cfg.model.lora)), hw)
     return (with_host(hw, forward.seconds(hw), host.critic_values)
             + with_host(hw, cfg.train.ppo_epochs * epoch.seconds(hw), host.critic_steps) + optimiser)
 
@@ -174,9 +179,7 @@ def step_cost(cfg: Config, model: ModelFacts, work: Workload, hw: Hardware, host
     forward, epoch = learner_flops(cfg, model, work, attention=hw.accelerator)
     vocab_s = work.rows * work.completion_tokens * model.vocab_bytes / hw.bytes_per_s if hw.accelerator else 0.0
     forward_s = with_host(hw, forward.seconds(hw) + vocab_s, host.reference)
-    trainable = model.adapters(lora) if lora.r > 0 else model.params
-    # AdamW per optimiser step reads weight, gradient and both moments and writes three: ~32 bytes a weight
-    optimiser = cfg.train.ppo_epochs * cfg.train.minibatches * 32 * trainable / hw.bytes_per_s
+    optimiser = optimiser_seconds(cfg, model.adapters(lora) if lora.r > 0 else model.params, hw)
     epochs = cfg.train.ppo_epochs * (epoch.seconds(hw) + 2 * vocab_s)
     update_s = with_host(hw, epochs, host.update) + optimiser + extra_forwards(cfg) * forward_s
     reference_s = forward_s if cfg.rl.kl_coef > 0 else host.reference

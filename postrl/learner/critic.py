@@ -28,7 +28,8 @@ from postrl.algo.advantages import gae, whiten
 from postrl.algo.losses import token_share
 from postrl.config.schema import Config
 from postrl.errors import ConfigError
-from postrl.learner.precision import make_optimizer
+from postrl.learner.precision import make_optimizer, warmup_schedule
+from postrl.model.fastlm import hf_model
 from postrl.model.logprobs import has_backbone, token_values
 
 
@@ -38,7 +39,7 @@ class ValueModel(torch.nn.Module):
     def __init__(self, lm):
         super().__init__()
         self.lm = lm
-        inner = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+        inner = hf_model(lm)
         emb = inner.get_input_embeddings().weight
         # zero: every value starts at 0 and the first steps fit the head before they move the backbone
         self.head = torch.nn.Linear(inner.config.hidden_size, 1, dtype=emb.dtype, device=emb.device)
@@ -52,7 +53,7 @@ class ValueModel(torch.nn.Module):
     def trained(self) -> list[torch.nn.Parameter]:
         """The head and the backbone's trainable weights (a LoRA copy: its adapters); the LM's
         vocabulary head is left out unless tied to the embeddings the backbone reads."""
-        inner = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        inner = hf_model(self.lm)
         head = inner.get_output_embeddings().weight
         tied = head is inner.get_input_embeddings().weight
         return [*self.head.parameters(),
@@ -66,8 +67,7 @@ class Critic:
         self.max_grad_norm = cfg.train.max_grad_norm
         self.params = model.trained()
         self.opt = make_optimizer(self.params, lr=self.cfg.lr or cfg.train.lr, weight_decay=cfg.train.weight_decay)
-        warmup = max(1, cfg.train.warmup_steps)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warmup))
+        self.sched = warmup_schedule(self.opt, cfg.train.warmup_steps)
         self.updates = 0
         """Updates (steps of the run) the critic took part in; the first `critic.warmup_steps` are its alone."""
 

@@ -66,7 +66,7 @@ from postrl.learner.batch import (
 )
 from postrl.learner.critic import Critic, gae_advantages, value_stats
 from postrl.learner.offpolicy import Probe, offpolicy_stats
-from postrl.learner.precision import make_optimizer
+from postrl.learner.precision import make_optimizer, warmup_schedule
 from postrl.learner.ranks import LearnerRanks
 from postrl.model.device import model_device
 from postrl.model.fastlm import FastLM, compile_problem
@@ -151,8 +151,7 @@ class Learner:
         self.trained = [n for n, _ in trained]
         """Names of the weights the update changes (sharded: what it gathers for the sampler)."""
         self.opt = make_optimizer([p for _, p in trained], lr=train.lr, weight_decay=train.weight_decay)  # bf16: fp32 masters
-        warmup = max(1, train.warmup_steps)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warmup))
+        self.sched = warmup_schedule(self.opt, train.warmup_steps)
         self._ranks_behind = False
         """Rank 0: the other ranks lack this rank's weights or state; they get them with the next update."""
         self._state_changed()  # LoRA's adapters start random and each rank made its own optimiser
@@ -361,6 +360,8 @@ class Learner:
                 steps += 1
                 totals["gn"] += float(gn)
         model.eval()
+        if self.critic is not None:
+            self.critic.updates += 1
         memory = sharded.memory_mib(model, self.opt)
         if self.ranks is not None:
             kl_max = self.ranks.sum_stats(totals, kl_max, sample_entropy, memory)
@@ -377,12 +378,11 @@ class Learner:
         )
 
     def _critic_stats(self, batch: Batch, terms: dict[str, float], steps: int, frozen: bool) -> dict[str, float]:
-        """`critic/*` metrics of this update (the critic's updates counted): the means over its optimiser
-        steps, the batch's values against their returns (`value_stats`), its learning rate, and
-        whether the policy waited for it (`critic/warmup`, 1 during critic.warmup_steps)."""
+        """`critic/*` metrics of this update: the means over its optimiser steps, the batch's values
+        against their returns (`value_stats`), its learning rate, and whether the policy waited for
+        it (`critic/warmup`, 1 during critic.warmup_steps)."""
         if self.critic is None:
             return {}
-        self.critic.updates += 1
         return ({f"critic/{key}": value / steps for key, value in terms.items()}
                 | value_stats(batch.values, batch.returns, batch.value_mask)
                 | {"critic/lr": self.critic.sched.get_last_lr()[0], "critic/warmup": float(frozen)})

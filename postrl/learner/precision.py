@@ -1,6 +1,7 @@
 """Low-precision training with float32 master weights: `model.dtype: bfloat16`.
 
     opt = make_optimizer(params, lr=1e-4, weight_decay=0.0)  # AdamW; MasterAdamW if any param is not fp32
+    sched = warmup_schedule(opt, steps=10)                    # the learning rate's linear warm-up
 
 Why: bfloat16 keeps 8 bits of mantissa, so a weight w moves only when an update exceeds about
 |w| / 256. AdamW's steps are about `lr` per weight (1e-5 .. 1e-3 in RL fine-tuning), smaller than
@@ -35,6 +36,13 @@ def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimi
     if all(p.dtype == torch.float32 for p in params):
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     return MasterAdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def warmup_schedule(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """`opt`'s learning rate rising linearly over its first `steps` optimiser steps (`train.warmup_steps`;
+    0: full from the first), then constant."""
+    warmup = max(1, steps)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
 
 
 class MasterAdamW(torch.optim.AdamW):

@@ -40,6 +40,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from postrl.errors import UserError
+from postrl.model.fastlm import hf_model
 
 
 def start_group(store, rank: int, world: int, device: torch.device, timeout: datetime.timedelta) -> None:
@@ -71,7 +72,7 @@ def shard(model: torch.nn.Module, device: torch.device, copy_first: bool) -> tor
     weights) and computes in its own dtype; gradients are reduced in float32 and summed."""
     if copy_first:
         model = copy.deepcopy(model)
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the HF model
+    inner = hf_model(model)  # peft: the HF model
     dtype = next(inner.parameters()).dtype
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))

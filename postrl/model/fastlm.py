@@ -60,7 +60,7 @@ class _Layer:
 class FastLM:
     def __init__(self, model, adapters: bool = True):
         cfg = model.config
-        self.model = _base(model)
+        self.model = hf_model(model)
         """The Hugging Face causal LM (under a peft wrapper, its base model, whose projections hold the adapters)."""
         self.adapters = adapters
         """Whether LoRA adapters count (False: the base weights alone, the LoRA reference)."""
@@ -84,7 +84,7 @@ class FastLM:
         cfg = getattr(model, "config", None)
         if cfg is None or getattr(cfg, "model_type", None) not in COVERED:
             return None
-        base = _base(model)
+        base = hf_model(model)
         inner = getattr(base, "model", None)
         if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(base, "lm_head"):
             return None
@@ -258,7 +258,7 @@ def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, lora: Fac
     return out if lora is None else out + F.linear(F.linear(x, lora[0]), lora[1])
 
 
-def _base(model):
+def hf_model(model):
     """The Hugging Face model under a peft wrapper (its projections hold the adapters), else `model`."""
     get = getattr(model, "get_base_model", None)
     return get() if callable(get) else model

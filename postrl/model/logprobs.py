@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from postrl.model.fastlm import COVERED, FastLM, padding_bias, shared_prefixes
+from postrl.model.fastlm import COVERED, FastLM, hf_model, padding_bias, shared_prefixes
 
 LOGITS_CHUNK_MIB = 16
 """One chunk of float32 logits on the CPU, where `model.logits_chunk_mib` is 0 (its default)."""
@@ -131,7 +131,7 @@ def hf_decoder_and_head(model):
     """(decoder, head) of a Llama-family causal LM, a peft-wrapped one included, whose logits are
     exactly `head(decoder(...).last_hidden_state)`; None for any other model. The decoder runs the
     model's own layers (adapters and gradient checkpointing included)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = hf_model(model)
     cfg = getattr(inner, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in COVERED:
         return None
