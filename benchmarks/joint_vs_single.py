@@ -26,9 +26,11 @@ against the base model (benchmarks/_gain.py). Besides its final weights:
   - a sequential arm's weights after each earlier stage (the run's checkpoint at the stage's end) are
     measured on every domain and the control, so the forgetting of each earlier domain is read from
     its record (`stages`);
-  - a single arm's weights after the first third of its steps (its checkpoint there), when it has
-    seen about the completions its domain gets in a joint arm, are measured on its own domain
-    (`equal`): "joint against single at equal completions of the domain" is read from the records.
+  - each domain is also trained alone for the first third of the steps (`single_<domain>_equal`),
+    about the completions its domain gets in a joint arm, and measured on its own domain: "joint
+    against single at equal completions of the domain" is read from the records. A run of k steps
+    is the first k steps of a longer run, weight for weight (the LR is constant after warm-up), so
+    this costs what those steps cost and leaves the single arms' records as they are.
 `--seeds N` runs the joint curriculum again under N-1 more seeds and reports each run's gains and
 their mean: at 10 steps two runs of one recipe differ as much as the schedules could.
 
@@ -117,6 +119,8 @@ class Arm:
     """The one domain it trains (its recipe entry kept whole), the others measured only; None: all."""
     stages: tuple[str, ...] = ()
     """A sequential arm: the domains one after the other, in this order (`stage_lengths` steps each)."""
+    own_domain: bool = False
+    """Measured on its own domain (`only`) alone: the equal-completions arms."""
 
 
 def stage_lengths(steps: int, stages: int) -> list[int]:
@@ -195,18 +199,27 @@ def in_turn(order: tuple[str, ...], steps: int) -> Iterator[None]:
 
 def arms(trained: list[str], steps: int, seeds: tuple[int, ...] = ()) -> dict[str, Arm]:
     """{arm: what it trains}, in the order they run: the joint arms first (the acceptance rests on
-    them), then each domain alone, then the sequential arms, then the joint curriculum again under
-    each of `seeds` (`joint_curriculum_seed<N>`). The single and sequential arms keep a checkpoint
-    every `stage_lengths` first length (a third of the steps), all of them, for their measurements
-    along the way."""
+    them), then each domain alone, then each domain alone for the first third of the steps
+    (`single_<domain>_equal`, the `stage_lengths` first length: about the completions its domain
+    gets in a joint arm, measured on that domain only), then the sequential arms, keeping a
+    checkpoint at each stage's end for their measurements along the way, then the joint
+    curriculum again under each of `seeds` (`joint_curriculum_seed<N>`).
+
+    An equal arm is its own short run, not a checkpoint of the single arm's: the LR is constant
+    after warm-up and nothing else in a run depends on its length, so a run of k steps is the
+    first k steps of a longer one, weight for weight (tests/test_joint_bench.py trains both and
+    compares), and it costs what those steps cost, while a checkpoint would have meant training
+    the measured single arms again."""
     third = stage_lengths(steps, len(trained))[0]
-    along = ("eval.every_steps=0", "eval.at_start=false", f"checkpoint.every_steps={third}",
-             f"checkpoint.keep_last={steps // third}")
-    single = {f"single_{name}": Arm(("curriculum.schedule=fixed", *along), only=name) for name in trained}
-    in_turn = ("curriculum.schedule=sequential", *along)
+    alone = ("curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false")
+    single = {f"single_{name}": Arm(alone, only=name) for name in trained}
+    equal = {f"single_{name}_equal": Arm((*alone, f"train.total_steps={third}"), only=name, own_domain=True)
+             for name in trained}
+    in_turn = ("curriculum.schedule=sequential", "eval.every_steps=0", "eval.at_start=false",
+               f"checkpoint.every_steps={third}", f"checkpoint.keep_last={steps // third}")
     reseeded = {f"joint_curriculum_seed{n}": Arm((f"seed={n}", "curriculum.schedule=learnability")) for n in seeds}
     return {"joint_curriculum": Arm(("curriculum.schedule=learnability",)),
-            "joint_uniform": Arm(("curriculum.schedule=fixed",)), **single,
+            "joint_uniform": Arm(("curriculum.schedule=fixed",)), **single, **equal,
             "sequential": Arm(in_turn, stages=tuple(trained)),
             "sequential_rev": Arm(in_turn, stages=tuple(reversed(trained))), **reseeded}
 
@@ -267,7 +280,8 @@ class Arms:
 
     def run(self, name: str, arm: Arm | None) -> dict:
         """An arm's result, kept or made: train (unless `arm` is None: the base model), then measure
-        on every domain's held-out problems, and along the way (`along`)."""
+        on every domain's held-out problems (an equal arm: its own domain's), and a sequential arm
+        after each stage (`along`)."""
         key = self.key(*((arm.overrides, arm.only, arm.stages) if arm else (None, None)))
         if kept := self.kept(name, key):
             print(f"{name}: kept from {self.path(name)} ({kept['seconds'] / 60:.1f} min when it ran)", flush=True)
@@ -278,7 +292,8 @@ class Arms:
             train_s, loads = self.train(name, arm, key, run_dir, loads)
             model = str(run_dir / "final")
         measuring = Timed()
-        results = self.measure(name, model, self.suites)
+        own = arm is not None and arm.own_domain
+        results = self.measure(name, model, {arm.only: self.suites[arm.only]} if own else self.suites)
         extra = self.along(name, arm, run_dir) if arm else {}
         loads.append(load_avg())
         kept = {"key": key, "arm": name, "results": results, "seconds": train_s + measuring.seconds,
@@ -316,18 +331,13 @@ class Arms:
 
     def along(self, name: str, arm: Arm, run_dir: Path) -> dict:
         """The measurements along a run, from its checkpoints: a sequential arm's weights after each
-        stage but the last, on every domain (`stages`, the last stage's results the arm's own); a
-        single arm's after the first third of its steps, on its own domain (`equal`)."""
-        s = self.size
-        if arm.stages:
-            return {"stages": [{"domain": d, "steps": [start, end], **({} if end == s["steps"] else {
-                "results": self.measure(f"{name} after {d}", checkpoint(run_dir, end), self.suites)})}
-                for d, start, end in stage_bounds(s["steps"], arm.stages)]}
-        if arm.only:
-            step = stage_lengths(s["steps"], len(self.trained))[0]
-            results = self.measure(f"{name} at step {step}", checkpoint(run_dir, step), {arm.only: self.suites[arm.only]})
-            return {"equal": {"step": step, "completions": step * s["prompts"] * s["samples"], "results": results}}
-        return {}
+        stage but the last, on every domain (`stages`, the last stage's results the arm's own)."""
+        if not arm.stages:
+            return {}
+        steps = self.size["steps"]
+        return {"stages": [{"domain": d, "steps": [start, end], **({} if end == steps else {
+            "results": self.measure(f"{name} after {d}", checkpoint(run_dir, end), self.suites)})}
+            for d, start, end in stage_bounds(steps, arm.stages)]}
 
     def trained_run(self, arm: str, key: str, run_dir: Path) -> dict | None:
         """The record of this arm's finished training, when it was made with these settings and its
@@ -551,13 +561,13 @@ def worst_margin(results: dict[str, dict], joint: str, other: str, trained: list
 
 
 def equal_completions(results: dict[str, dict], trained: list[str], joint: str) -> list[tuple]:
-    """Per trained domain whose single arm was measured along the way: (domain, the single arm's
-    completions then, the joint arm's completions of the domain, joint - single on it, paired SE)."""
+    """Per trained domain whose equal arm ran: (domain, that arm's completions, the joint arm's
+    completions of the domain, joint - single on it, paired SE)."""
     out = []
     for d in trained:
-        equal = results.get(f"single_{d}", {}).get("equal")
+        equal = results.get(f"single_{d}_equal")
         if equal is not None and joint in results:
-            out.append((d, equal["completions"], results[joint]["completions"].get(d, 0),
+            out.append((d, sum(equal["completions"].values()), results[joint]["completions"].get(d, 0),
                         *change(equal["results"][d], results[joint]["results"][d])))
     return out
 
@@ -618,12 +628,12 @@ def report_equal(results: dict[str, dict], trained: list[str]) -> list[float]:
     for joint in ("joint_curriculum", "joint_uniform"):
         rows = equal_completions(results, trained, joint)
         if rows:
-            print(f"\n{joint} vs single arms at equal domain completions (the single arm's checkpoint after a third "
-                  "of its steps; difference +/- 2 paired SE):")
+            print(f"\n{joint} vs single arms at equal domain completions (each domain alone for a third of the "
+                  "steps; difference +/- 2 paired SE):")
         for d, n_single, n_joint, delta, se in rows:
             verdict = "within 2 SE or above" if in_se(delta, se) >= -2 else "BELOW by more than 2 SE"
             print(f"  {d}: {delta:+.3f} +/- {2 * se:.3f} ({in_se(delta, se):+.1f} SE, {verdict}); "
-                  f"{n_joint} completions of it in {joint}, {n_single} in single_{d}")
+                  f"{n_joint} completions of it in {joint}, {n_single} in single_{d}_equal")
             if joint == "joint_curriculum":
                 found.append(in_se(delta, se))
     return found
@@ -726,7 +736,7 @@ def main(argv: list[str]) -> int:
     print("single-domain arms that squeezed another domain below its base by more than 2 SE: "
           + ("; ".join(squeezed) if squeezed else "none"))
     gains = report_joint(results, domains, trained, args.plot)
-    equal = report_equal(results, trained)
+    equal = report_equal(ran, trained)
     margins = report_sequential(results, domains, trained, args.plot)
     if seeded:
         report_seeds(seeded)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_curriculum import Named
 
 from postrl.config.loading import load_config
@@ -210,20 +211,46 @@ def test_the_sequential_schedule_draws_only_its_stages_domain_and_resumes_at_its
         bench.SequentialSchedule({"a": 1.0, "b": 1.0}, order=("a", "c"), steps=4)
 
 
-def test_the_arms_checkpoint_a_third_of_the_way_and_the_sequential_ones_run_both_orders(tmp_path):
+def test_the_sequential_arms_checkpoint_each_stage_in_both_orders_and_the_equal_arms_train_a_third(tmp_path):
     every = bench.arms(["wp", "lc", "code"], 14)
     assert list(every)[-2:] == ["sequential", "sequential_rev"]
     assert every["sequential"].stages == ("wp", "lc", "code") and every["sequential_rev"].stages == ("code", "lc", "wp")
-    # 14 steps: checkpoints at 5 and 10 (stage ends; a single arm's equal-completions step), both kept
+    # 14 steps: the stages end at 5 and 10, both checkpoints kept
     assert every["sequential"].overrides[0] == "curriculum.schedule=sequential"
-    assert {"checkpoint.every_steps=5", "checkpoint.keep_last=2"} <= set(every["single_lc"].overrides)
-    assert every["single_lc"].only == "lc" and "checkpoint.every_steps=5" in every["sequential_rev"].overrides
-    assert not any(o.startswith("checkpoint") for o in every["joint_curriculum"].overrides)
+    assert {"checkpoint.every_steps=5", "checkpoint.keep_last=2"} <= set(every["sequential_rev"].overrides)
+    # each domain alone for the first stage's 5 steps, measured on that domain only
+    equal = every["single_lc_equal"]
+    assert (equal.only, equal.own_domain, equal.overrides[-1]) == ("lc", True, "train.total_steps=5")
+    assert not every["single_lc"].own_domain and not every["sequential"].own_domain
+    assert not any(o.startswith("checkpoint") for a in ("joint_curriculum", "single_lc") for o in every[a].overrides)
     arms = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
     seq, rev = every["sequential"], every["sequential_rev"]
     assert arms.key(seq.overrides, None, seq.stages) != arms.key(rev.overrides, None, rev.stages)  # the order counts
-    # the joint arms' keys are those of before issue 46, so their committed records still hold
+    # the joint and single arms' keys are those of before issue 46, so their committed records still hold
     assert arms.key(every["joint_uniform"].overrides, None) == arms.key(["curriculum.schedule=fixed"], None)
+    assert arms.key(every["single_lc"].overrides, "lc") == arms.key(
+        ["curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"], "lc")
+
+
+def test_a_run_of_k_steps_is_the_first_k_steps_of_a_longer_run(tiny_model_dir, tmp_path):
+    """What the equal arms rest on: a 2-step run's weights are, bit for bit, a 3-step run's after its
+    second step (its checkpoint there), with the arms' settings (a fixed mixture, no eval)."""
+    def run(steps: int, name: str) -> Path:
+        cfg = load_config("recipes/default.yaml", [
+            f"model.name={tiny_model_dir}", "domains={arith: {}, sort: {}}", "curriculum.schedule=fixed",
+            f"train.total_steps={steps}", "train.prompts_per_step=2", "train.samples_per_prompt=2",
+            "train.minibatches=1", "eval.every_steps=0", "eval.at_start=false", "checkpoint.every_steps=2",
+            "run.progress=false", "monitor.spot_check_every_steps=0", f"run.dir={tmp_path / name}",
+            "rl.entropy_coef=0.01"])  # a gradient at every step, even where every group scores alike
+        train(cfg, log=lambda *_: None)
+        return tmp_path / name
+
+    short, long = run(2, "short"), run(3, "long")
+    short_w, at_2, final = (load_file(d / "model.safetensors")
+                            for d in (short / "final", bench.checkpoint(long, 2), long / "final"))
+    assert short_w.keys() == at_2.keys() and all(torch.equal(short_w[k], at_2[k]) for k in short_w)
+    base = load_file(tiny_model_dir / "model.safetensors")
+    assert all(not torch.equal(at_2[k], final[k]) and not torch.equal(base[k], at_2[k]) for k in at_2)  # each step moved them
 
 
 def test_a_sequential_run_trains_the_stages_in_turn_with_one_optimiser(tiny_model_dir, tmp_path):
@@ -294,12 +321,12 @@ def test_the_worst_domain_margin_pairs_one_domain_and_adds_two_in_quadrature():
     assert (d1, d2) == ("a", "b") and abs(delta - 0.2) < 1e-12 and abs(se - (0.30 / 99) ** 0.5) < 1e-12
 
 
-def test_joint_against_single_at_equal_completions_reads_the_single_arms_early_measurement():
+def test_joint_against_single_at_equal_completions_reads_the_equal_arms_records():
     joint = {"a": result([1] * 30 + [0] * 70), "b": result([1] * 50 + [0] * 50)}
     results = {"joint_curriculum": {"results": joint, "completions": {"a": 296, "b": 304}},
-               "single_a": {"results": {"a": result([1] * 90 + [0] * 10)},
-                            "equal": {"step": 5, "completions": 320, "results": {"a": result([1] * 40 + [0] * 60)}}},
-               "single_b": {"results": {"b": result([1] * 90 + [0] * 10)}}}  # a record from before: no `equal`
+               "single_a": {"results": {"a": result([1] * 90 + [0] * 10)}},
+               "single_a_equal": {"results": {"a": result([1] * 40 + [0] * 60)}, "completions": {"a": 320}},
+               "single_b": {"results": {"b": result([1] * 90 + [0] * 10)}}}  # b's equal arm did not run
     [(d, n_single, n_joint, delta, se)] = bench.equal_completions(results, ["a", "b"], "joint_curriculum")
     # the joint's 30 right are among single_a's first 40: per problem 10 of -1 -> -0.10, SE sqrt(0.09/99)
     assert (d, n_single, n_joint) == ("a", 320, 296) and abs(delta + 0.1) < 1e-12
