@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from postrl.config.loading import save_config
 from postrl.config.schema import Config, generation_limits, gold_graded_eval_domains
 from postrl.curriculum.dynamic import FillResult
 from postrl.curriculum.sampler import TaskSampler
-from postrl.curriculum.schedule import make_schedule
+from postrl.curriculum.schedule import CarriesOver, make_schedule
 from postrl.engines.orders import Rollout
 from postrl.engines.pipeline import Pipeline
 from postrl.engines.registry import ENGINES
@@ -112,6 +113,10 @@ class Run:
     """{domain: [best eval.best_metric so far, step]}: the seesaw alert's reference."""
     eval_domains: dict[str, Domain] = field(default_factory=dict)
     """Eval-only domains (`eval.domains`): evaluated with the trained ones, never sampled for training."""
+    eval_s: float | None = None
+    """Wall seconds of the eval made since the last step was recorded (eval N runs before step N:
+    eval.at_start's at 0, eval.every_steps' after step N-1), which `record` logs as step N's
+    `time/eval_s`; None when there was none. Checkpoint N is written after eval N, so it keeps this."""
 
     def record(self, step: int, rec: StepRecord) -> list[Alert]:
         """Store the step's rollouts, log its metrics, run the monitors, dump spot checks; returns
@@ -122,6 +127,8 @@ class Run:
         times = StepTimes(rec.rollout.sample_s, rec.rollout.reward_s, rec.update_s, sync_s)
         metrics = step_metrics(rec.samples, rec.stats, times, rec.kl_coef)
         metrics |= rec.fill.metrics() | self.schedule.metrics() | self.engine.metrics()
+        if self.eval_s is not None:  # the eval before this step: apart from its sample/reward/update times
+            metrics["time/eval_s"], self.eval_s = self.eval_s, None
         self.engine.metrics_recorded()  # the engine's per-step sums start again for the next step
         alerts = self.monitors.update(step, metrics, rec.samples)
         self.sinks.log(step, {**metrics, **self.monitors.values()})
@@ -136,6 +143,7 @@ class Run:
         """Evaluate every domain's held-out split, write eval/step_N.json, check for seesaw
         regressions; returns the best-checkpoint score and the seesaw alerts (recorded here; the
         caller hands them to `act_on`, which carries out their action)."""
+        t0 = time.perf_counter()
         e = self.cfg.eval
         domains = {**self.domains, **self.eval_domains}
         result = evaluate(
@@ -150,6 +158,7 @@ class Run:
         scores = {d: float(r[e.best_metric]) for d, r in result.items() if e.best_metric in r}
         seesaw = seesaw_alerts(self.eval_best, scores, step, e.seesaw_drop, e.seesaw_action, e.best_metric)
         self.alert_log.record(seesaw)
+        self.eval_s = time.perf_counter() - t0  # the final eval's, after the last step, goes in no step's metrics
         return EVAL_AGGREGATES.get(e.best_aggregate)(list(scores.values())), seesaw
 
     def evaluate_at_start(self) -> None:
@@ -240,7 +249,8 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
     check_model(cfg.rollout, model)  # a backend that cannot sample from it (vLLM: architecture, head size)
     critic = make_critic(cfg, model, tok, lambda name: load_model(name, cfg.model.dtype, log=log))  # critic.model, before the run dir
     run_dir = make_run_dir(cfg, resume, log)
-    save_config(cfg, run_dir / "config.yaml")
+    if not resume:
+        save_config(cfg, run_dir / "config.yaml")  # a new run's first write: what marks its directory
     policy = Policy(model, tok, rollout=cfg.rollout)
     ref_model = make_reference(model) if cfg.rl.kl_coef > 0 else None  # LoRA: the base, adapters off
     weights = {name: d.weight for name, d in cfg.domains.items()}
@@ -267,6 +277,7 @@ def open_run(cfg: Config, log=print, resume: bool = False) -> Run:
         else:
             run.start_step = load_checkpoint_state(run, latest)
             log(f"resuming {run_dir} from step {run.start_step}")
+        save_config(cfg, run_dir / "config.yaml")  # after the checkpoint took: a refused resume leaves the config it resumes
     open_outputs(run, run.start_step)
     log(f"run directory: {run_dir}")
     for line in [f"report: {run_dir / REPORT_FILE} (written at the end; any time: postrl report {run_dir})",
@@ -298,12 +309,14 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         "sampler": run.sampler.state_dict(),
         "domains": {n: d.state_dict() for n, d in run.domains.items() if isinstance(d, Stateful)},  # epoch cursors
+        "trained_domains": list(run.domains),  # what the schedule's state is for: see restore_schedule
         "schedule": run.schedule.state_dict(),
         "kl_controller": run.kl_ctl.state_dict(),
         "monitors": run.monitors.state_dict(),
         "rollout_step": run.store.last_step(),
         "rollbacks": run.rollbacks,
         "eval_best": run.eval_best,
+        "eval_s": run.eval_s,  # this step's eval, made before the checkpoint: for the step's time/eval_s
         "pipeline": run.engine.state_dict(),  # orders in flight, drained: see postrl.engines.pipeline
     }
     run.ckpt.save(step, state, lambda path: save_model(run.policy, path), score=score)
@@ -312,6 +325,7 @@ def save_checkpoint(run: Run, step: int, score: float | None) -> None:
 def load_checkpoint_state(run: Run, ckpt) -> int:
     """Load every state component from `ckpt` into `run`; returns the next step to run."""
     state = upgrade_checkpoint_state(ckpt.load_state(), ckpt.path)
+    restore_schedule(run, state)  # first: refused, nothing is loaded yet
     load_policy_weights(run.policy.model, ckpt.model_dir)  # LoRA: the adapters only; first: bf16 masters follow
     run.learner.load_state_dict(state["learner"])  # data-parallel ranks: they get it with the next update
     random.setstate(state["rng"]["python"])
@@ -321,18 +335,43 @@ def load_checkpoint_state(run: Run, ckpt) -> int:
     for name, domain_state in state.get("domains", {}).items():
         if name in run.domains and isinstance(run.domains[name], Stateful):
             run.domains[name].load_state_dict(domain_state)
-    run.schedule.load_state_dict(state["schedule"])
     run.kl_ctl.load_state_dict(state["kl_controller"])
     run.monitors.load_state_dict(state["monitors"])
     run.rollbacks = state["rollbacks"]
     run.eval_best = {d: list(v) for d, v in state["eval_best"].items()}
+    run.eval_s = state.get("eval_s")  # a checkpoint from before time/eval_s: None
     run.engine.load_state_dict(state["pipeline"], state["step"])
     return state["step"]
 
 
+def restore_schedule(run: Run, state: dict) -> None:
+    """The curriculum's state from a checkpoint's `state`, written while the run trained the domains
+    it names ("trained_domains"; in a checkpoint from before that key, its schedule's weights' names,
+    else unknown and taken as the run's). A run resumed with other domains (the recipe changed
+    between sittings) goes on with a per-domain schedule's state carried over (`CarriesOver`: the
+    domains still trained keep theirs, a new one starts from its recipe weight, a dropped one's is
+    discarded), and says which in one line; any other schedule is refused in one line."""
+    saved, now = state["schedule"], list(run.domains)
+    weights = saved.get("weights")
+    trained = state.get("trained_domains", list(weights) if isinstance(weights, dict) else None)
+    if trained is None or set(trained) == set(now):
+        run.schedule.load_state_dict(saved)
+        return
+    added, dropped = [d for d in now if d not in trained], [d for d in trained if d not in now]
+    change = f"added {', '.join(added) or 'none'}; dropped {', '.join(dropped) or 'none'}"
+    if not isinstance(run.schedule, CarriesOver):
+        raise UserError(f"cannot resume {run.dir} with other domains than its checkpoint's ({change}): "
+                        f"curriculum.schedule {run.cfg.curriculum.schedule!r} keeps no per-domain state to carry "
+                        f"over; resume with the checkpoint's domains {', '.join(trained)}")
+    run.schedule.load_state_dict(run.schedule.carry_over(saved))
+    run.log(f"resuming with other domains than the checkpoint's: {change} (a new domain starts from its "
+            "recipe weight, a dropped one's curriculum state is discarded)")
+
+
 def upgrade_checkpoint_state(state: dict, where) -> dict:
     """`state` (a checkpoint's state.pt) in this version's layout: format 2's learner keys are moved
-    under "learner"; a format other than 2 or CHECKPOINT_FORMAT is refused with one line."""
+    under "learner"; a format other than 2 or CHECKPOINT_FORMAT is refused with one line. Keys added
+    within a format ("trained_domains", "eval_s") are read with a default where they are used."""
     found = state.get("format", 1)  # format 1 had no number
     if found == 2:
         state = dict(state)

@@ -7,7 +7,9 @@ A schedule owns the curriculum's state: the domain weights of the next draw (`we
 whatever it keeps to decide them and each problem's keep-probability (`task_weight`). `fixed`
 keeps the recipe's weights. `learnability` moves compute to what is learnable now (below).
 Schedules are registered by name and carry their whole state in `state_dict()`, so a checkpoint
-restores them exactly.
+restores them exactly. A schedule whose state is per domain also `carry_over`s a checkpoint's state
+to another set of domains (`CarriesOver`): a run resumed after a domain was added to its recipe or
+taken out goes on with the state of the domains still trained.
 
 ## Why learnability, and which
 
@@ -50,8 +52,10 @@ a small weight, which doubles as review against forgetting.
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from postrl.config.schema import CurriculumConfig
-from postrl.curriculum.tracker import PassRates, group_outcomes
+from postrl.curriculum.tracker import PassRates, family_domain, group_outcomes
 from postrl.records import Sample, Task
 from postrl.registry import Registry
 
@@ -69,11 +73,23 @@ def make_schedule(settings: CurriculumConfig, weights: dict[str, float], levels:
     return SCHEDULES.get(settings.schedule)(weights, levels=levels, settings=settings)
 
 
+@runtime_checkable
+class CarriesOver(Protocol):
+    """A schedule whose state is kept per domain. `carry_over(state)` makes a checkpoint's state,
+    written when the run trained other domains, into one for this schedule's domains (the recipe's
+    now), for `load_state_dict`: a domain still trained keeps its state, a new one starts as at a
+    run's start, a dropped one's is gone. It reads only what the schedule was built with, not its
+    state, and changes nothing. A schedule without it cannot resume with other domains."""
+
+    def carry_over(self, state: dict) -> dict: ...
+
+
 @register_schedule("fixed")
 class FixedSchedule:
     """The recipe's domain weights, every problem and level of each domain kept as drawn."""
 
     def __init__(self, weights: dict[str, float], **_):
+        self.recipe = dict(weights)
         self.weights = dict(weights)
 
     def update(self, step: int, samples: list) -> None:
@@ -90,6 +106,10 @@ class FixedSchedule:
 
     def load_state_dict(self, state: dict) -> None:
         self.weights = dict(state["weights"])
+
+    def carry_over(self, state: dict) -> dict:
+        """The checkpoint's weight of a domain still trained, the recipe's of a new one."""
+        return {"weights": {d: state["weights"].get(d, w) for d, w in self.recipe.items()}}
 
 
 def weight_metrics(weights: dict[str, float]) -> dict[str, float]:
@@ -123,7 +143,7 @@ class LearnabilitySchedule:
         self.domain_levels = {d: sorted(lv) for d, lv in levels.items()}
         self.s = settings
         self.rates = PassRates(settings.window_groups, settings.problem_window_groups, settings.max_tracked_problems)
-        self.level_index = {d: 0 for d, lv in self.domain_levels.items() if len(lv) > 1}
+        self.level_index = {d: 0 for d in self._multi_level()}
         self.parked: dict[str, int] = {}  # task id -> step it was (re-)parked at
         self.step = 0  # the step the sampler is drawing for
 
@@ -153,12 +173,11 @@ class LearnabilitySchedule:
         if mastered and i + 1 < len(levels):
             self.level_index[domain] = i + 1
 
+    def _multi_level(self) -> list[str]:
+        return [d for d, lv in self.domain_levels.items() if len(lv) > 1]
+
     def _learnability(self) -> dict[str, float]:
-        out = {}
-        for d in self.base:
-            value = self.rates.domain_learnability(d)
-            out[d] = 0.25 if value is None else value
-        return out
+        return domain_learnability(self.rates, self.base)
 
     def frontier(self) -> dict[str, int]:
         """Each multi-level domain's easiest level not yet mastered (its top level once all are)."""
@@ -209,3 +228,28 @@ class LearnabilitySchedule:
         self.parked = dict(state["parked"])
         self.step = state["step"]
         self.weights = dict(state["weights"])
+
+    def carry_over(self, state: dict) -> dict:
+        """A domain still trained keeps its rolling records and level; a new one has none (learnability
+        1/4, as every domain at a run's start) and starts at its easiest level; a dropped one's records
+        go. The weights are worked out again from the recipe's and the records kept (`domain_shares`,
+        as `update` does: the floor depends on the number of domains). Problem records and parked
+        problems are by task id and stay: a dropped domain's are never drawn again and age out."""
+        old = state["rates"]
+        rates = {"problems": old["problems"],
+                 "families": {k: v for k, v in old["families"].items() if family_domain(k) in self.base},
+                 "domains": {k: v for k, v in old["domains"].items() if k in self.base}}
+        carried = PassRates(self.s.window_groups, self.s.problem_window_groups, self.s.max_tracked_problems)
+        carried.load_state_dict(rates)
+        weights = domain_shares(self.base, domain_learnability(carried, self.base), self.s.domain_floor)
+        return {"rates": rates, "level_index": {d: state["level_index"].get(d, 0) for d in self._multi_level()},
+                "parked": dict(state["parked"]), "step": state["step"], "weights": weights}
+
+
+def domain_learnability(rates: PassRates, domains) -> dict[str, float]:
+    """Each domain's mean p(1-p) over its recent groups; 1/4 (maximally learnable) for one without data yet."""
+    out = {}
+    for d in domains:
+        value = rates.domain_learnability(d)
+        out[d] = 0.25 if value is None else value
+    return out

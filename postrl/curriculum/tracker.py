@@ -42,6 +42,11 @@ def family_key(domain: str, level: int) -> str:
     return f"{domain}/L{level}"
 
 
+def family_domain(key: str) -> str:
+    """The domain of a `family_key`: "arith/L2" -> "arith"."""
+    return key.rpartition("/L")[0]
+
+
 def group_outcomes(samples: Sequence[Sample]) -> list[GroupOutcome]:
     """One outcome per group (samples sharing `group`), in order of first appearance."""
     by_group: dict[int, list[Sample]] = {}
