@@ -574,15 +574,20 @@ def equal_completions(results: dict[str, dict], trained: list[str], joint: str) 
 
 def time_split(record: dict) -> str:
     """Where an arm's time went: its run's `time/*` metrics summed (scoring: what it added after
-    generation ended), the rest of its training (in-run eval, checkpoints, loading and saving the
-    model), and the script's measurements."""
+    generation ended; the in-run eval where the run timed it, `time/eval_s`, all but the last),
+    the rest of its training (checkpoints, loading and saving the model, and the in-run eval where
+    it was not timed), and the script's measurements."""
     t = record.get("times")
     if not t:
         return "not recorded (a record from before issue 46)"
     scoring = t.get("time/reward_tail_s", t.get("time/reward_s", 0.0))
     parts = {"sampling": t.get("time/sample_s", 0.0), "scoring": scoring, "update": t.get("time/update_s", 0.0),
              "refill": t.get("time/refill_s", 0.0)}
-    parts["in-run eval, checkpoints, loading"] = t["train_s"] - sum(parts.values())
+    if "time/eval_s" in t:
+        parts["in-run eval"] = t["time/eval_s"]
+        parts["checkpoints, loading, last eval"] = t["train_s"] - sum(parts.values())
+    else:
+        parts["in-run eval, checkpoints, loading"] = t["train_s"] - sum(parts.values())
     parts["measurement"] = t["measure_s"]
     return ", ".join(f"{k} {v / 60:.1f}" for k, v in parts.items() if k != "refill" or v) + \
         f" min (scoring {t.get('time/reward_s', 0.0) / 60:.1f} min in all)"

@@ -346,6 +346,9 @@ def test_an_arms_time_is_split_from_its_metrics_and_the_rest_is_named(tmp_path):
     assert bench.time_split(record) == ("sampling 1.5, scoring 0.1, update 3.5, in-run eval, checkpoints, loading 4.9, "
                                         "measurement 5.0 min (scoring 0.3 min in all)")
     assert bench.time_split({"seconds": 1.0}).startswith("not recorded")
+    record["times"]["time/eval_s"] = 120.0  # a run that timed its in-run evals: 294 - 120 = 174 s left
+    assert bench.time_split(record) == ("sampling 1.5, scoring 0.1, update 3.5, in-run eval 2.0, checkpoints, loading, "
+                                        "last eval 2.9, measurement 5.0 min (scoring 0.3 min in all)")
 
 
 def test_the_base_measurement_is_one_shared_record_and_an_older_copy_is_taken_up(tmp_path):
