@@ -213,16 +213,22 @@ def test_the_sequential_schedule_draws_only_its_stages_domain_and_resumes_at_its
 
 def test_the_sequential_arms_checkpoint_each_stage_in_both_orders_and_the_equal_arms_train_a_third(tmp_path):
     every = bench.arms(["wp", "lc", "code"], 14)
-    assert list(every)[-2:] == ["sequential", "sequential_rev"]
+    assert list(every)[-4:] == ["sequential", "sequential_rev", "joint_curriculum_early", "joint_uniform_early"]
     assert every["sequential"].stages == ("wp", "lc", "code") and every["sequential_rev"].stages == ("code", "lc", "wp")
     # 14 steps: the stages end at 5 and 10, both checkpoints kept
     assert every["sequential"].overrides[0] == "curriculum.schedule=sequential"
     assert {"checkpoint.every_steps=5", "checkpoint.keep_last=2"} <= set(every["sequential_rev"].overrides)
     # each domain alone for the first stage's 5 steps, measured on that domain only
     equal = every["single_lc_equal"]
-    assert (equal.only, equal.own_domain, equal.overrides[-1]) == ("lc", True, "train.total_steps=5")
-    assert not every["single_lc"].own_domain and not every["sequential"].own_domain
+    assert (equal.only, equal.measured, equal.overrides[-1]) == ("lc", ("lc",), "train.total_steps=5")
+    assert every["single_lc"].measured == every["sequential"].measured == ()  # every domain and the control
     assert not any(o.startswith("checkpoint") for a in ("joint_curriculum", "single_lc") for o in every[a].overrides)
+    # each joint arm's first 10 steps, its checkpoint at 5 measured too, on the trained domains
+    early = every["joint_uniform_early"]
+    assert early.overrides == ("curriculum.schedule=fixed", "train.total_steps=10", "checkpoint.every_steps=5",
+                               "checkpoint.keep_last=2")
+    assert (early.measured, early.along) == (("wp", "lc", "code"), (5,))
+    assert every["joint_curriculum_early"].overrides[0] == "curriculum.schedule=learnability"
     arms = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
     seq, rev = every["sequential"], every["sequential_rev"]
     assert arms.key(seq.overrides, None, seq.stages) != arms.key(rev.overrides, None, rev.stages)  # the order counts
@@ -232,20 +238,25 @@ def test_the_sequential_arms_checkpoint_each_stage_in_both_orders_and_the_equal_
         ["curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"], "lc")
 
 
-def test_a_run_of_k_steps_is_the_first_k_steps_of_a_longer_run(tiny_model_dir, tmp_path):
-    """What the equal arms rest on: a 2-step run's weights are, bit for bit, a 3-step run's after its
-    second step (its checkpoint there), with the arms' settings (a fixed mixture, no eval)."""
-    def run(steps: int, name: str) -> Path:
+@pytest.mark.parametrize("arm", [
+    ("curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"),  # the single and equal arms
+    ("curriculum.schedule=learnability", "eval.every_steps=1", "eval.at_start=true"),  # the joint and early arms
+])
+def test_a_run_of_k_steps_is_the_first_k_steps_of_a_longer_run(tiny_model_dir, tmp_path, arm):
+    """What the equal and early arms rest on: a 2-step run's weights are, bit for bit, a 3-step run's
+    after its second step (its checkpoint there; the short run writes none), with an arm's settings:
+    a fixed mixture and no eval, or the learnability curriculum with in-run evals."""
+    def run(steps: int, name: str, every: int) -> Path:
         cfg = load_config("recipes/default.yaml", [
-            f"model.name={tiny_model_dir}", "domains={arith: {}, sort: {}}", "curriculum.schedule=fixed",
+            f"model.name={tiny_model_dir}", "domains={arith: {}, sort: {}}", *arm,
             f"train.total_steps={steps}", "train.prompts_per_step=2", "train.samples_per_prompt=2",
-            "train.minibatches=1", "eval.every_steps=0", "eval.at_start=false", "checkpoint.every_steps=2",
+            "train.minibatches=1", "eval.num_problems=2", f"checkpoint.every_steps={every}",
             "run.progress=false", "monitor.spot_check_every_steps=0", f"run.dir={tmp_path / name}",
             "rl.entropy_coef=0.01"])  # a gradient at every step, even where every group scores alike
         train(cfg, log=lambda *_: None)
         return tmp_path / name
 
-    short, long = run(2, "short"), run(3, "long")
+    short, long = run(2, "short", 0), run(3, "long", 2)
     short_w, at_2, final = (load_file(d / "model.safetensors")
                             for d in (short / "final", bench.checkpoint(long, 2), long / "final"))
     assert short_w.keys() == at_2.keys() and all(torch.equal(short_w[k], at_2[k]) for k in short_w)
@@ -332,6 +343,33 @@ def test_joint_against_single_at_equal_completions_reads_the_equal_arms_records(
     assert (d, n_single, n_joint) == ("a", 320, 296) and abs(delta + 0.1) < 1e-12
     assert abs(se - (0.09 / 99) ** 0.5) < 1e-12
     assert bench.equal_completions(results, ["a", "b"], "joint_uniform") == []  # that arm did not run
+
+
+def test_the_curriculum_against_uniform_reads_when_each_reached_its_target():
+    size = {"steps": 14, "prompts": 8, "samples": 8}
+
+    def early(at_5: int, at_10: int) -> dict:  # correct of 100 on domain a at steps 5 and 10
+        return {"along": [{"step": 5, "results": {"a": result([1] * at_5 + [0] * (100 - at_5))}}],
+                "results": {"a": result([1] * at_10 + [0] * (100 - at_10))}, "completions": {"a": 640}}
+
+    def final(n: int) -> dict:
+        return {"results": {"a": result([1] * n + [0] * (100 - n))}}
+
+    results = {"joint_curriculum": final(40), "joint_curriculum_early": early(10, 30),
+               "joint_uniform": final(35), "joint_uniform_early": early(20, 25)}
+    points = bench.reach_points(results, "joint_curriculum", size)
+    assert [n for n, _ in points] == [320, 640, 896]
+    target = {"a": 0.28}
+    assert bench.first_reach(points, "a", 0.28) == 640  # 0.10, 0.30: at 640 completions
+    assert bench.first_reach(bench.reach_points(results, "joint_uniform", size), "a", 0.28) == 896  # 0.20, 0.25, 0.35
+    assert bench.first_reach(points, "a", 0.5) is None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "REACH", target)
+        assert bench.report_reach(results, ["a"], size) == (1, 1)
+        results["joint_uniform_early"] = early(30, 30)  # the mixture there at 320: the curriculum later
+        assert bench.report_reach(results, ["a"], size) == (0, 1)
+        del results["joint_uniform_early"]
+        assert bench.report_reach(results, ["a"], size) is None  # not both ran
 
 
 def test_an_arms_time_is_split_from_its_metrics_and_the_rest_is_named(tmp_path):
