@@ -24,6 +24,7 @@ from postrl.tasks.catalog import build_domains
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import _joint_report as report  # noqa: E402
 import joint_vs_single as bench  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "smollm2-joint.yaml"
@@ -82,21 +83,21 @@ def test_the_report_finds_a_single_arms_seesaw_and_the_headline_in_standard_erro
         "joint_curriculum": {"results": {"a": lifted, "b": result([1] * 60 + [0] * 40),
                                          "ctl": result([1] * 19 + [0] * 81)}},
     }
-    found = bench.seesaws(results, ["a", "b", "ctl"], ["a", "b"])
+    found = report.seesaws(results, ["a", "b", "ctl"], ["a", "b"])
     assert len(found) == 1 and found[0].startswith("single_a squeezed b: -0.300")
-    gains = bench.gains_in_se(results, ["a", "b", "ctl"])
+    gains = report.gains_in_se(results, ["a", "b", "ctl"])
     # a: +0.40 with per-problem differences 40 ones and 60 zeros: SE = sqrt(0.4 * 0.6 * 100 / 99 / 100)
     assert abs(gains["a"] - 0.4 / (0.24 * n / (n - 1) / n) ** 0.5) < 1e-9
     assert gains["b"] > 2 and -2 < gains["ctl"] < 0
-    min_gain, worst_drop = bench.headline(gains, ["a", "b"])
+    min_gain, worst_drop = report.headline(gains, ["a", "b"])
     assert min_gain == min(gains["a"], gains["b"]) and worst_drop == -gains["ctl"] > 0
-    assert bench.headline({"a": 3.0, "ctl": 0.5}, ["a"]) == (3.0, 0.0)  # no drop: 0
-    vs_single = dict((d, (delta, se)) for d, delta, se in bench.joint_against_single(results, ["a", "b"]))
+    assert report.headline({"a": 3.0, "ctl": 0.5}, ["a"]) == (3.0, 0.0)  # no drop: 0
+    vs_single = dict((d, (delta, se)) for d, delta, se in report.joint_against_single(results, ["a", "b"]))
     assert vs_single["a"] == (0.0, 0.0) and abs(vs_single["b"][0]) < 1e-12
     # a run of some arms only (--arms): the comparisons skip the single arms that did not run
     partial = {"base": results["base"], "single_b": results["single_b"], "joint_curriculum": results["joint_curriculum"]}
-    assert bench.seesaws(partial, ["a", "b", "ctl"], ["a", "b"]) == []
-    assert [d for d, *_ in bench.joint_against_single(partial, ["a", "b"])] == ["b"]
+    assert report.seesaws(partial, ["a", "b", "ctl"], ["a", "b"]) == []
+    assert [d for d, *_ in report.joint_against_single(partial, ["a", "b"])] == ["b"]
 
 
 def test_each_arm_is_kept_and_a_changed_setting_runs_it_again(tmp_path):
@@ -159,7 +160,7 @@ def test_an_arms_record_holds_what_the_report_needs_of_its_run(tmp_path):
     import shutil
 
     shutil.rmtree(run_dir)  # the plots come from the record alone
-    bench.plot(record, tmp_path / "joint")
+    report.plot(record, tmp_path / "joint")
     for suffix in ("eval", "weights"):
         svg = (tmp_path / f"joint-{suffix}.svg").read_text()
         assert svg.startswith("<svg") and "Joint curriculum run" in svg
@@ -173,12 +174,12 @@ def test_the_joint_curriculum_under_several_seeds_is_reported_run_by_run_and_poo
                "joint_curriculum": {"results": {"a": result([1] * 40 + [0] * 60)}},   # +0.40
                "single_a": {"results": {"a": result([1] * 90 + [0] * 10)}},           # not a seed: left out
                "joint_curriculum_seed1": {"results": {"a": result([0] * 80 + [1] * 20)}}}  # +0.20, other problems
-    s = bench.over_seeds(results, ["a"])["a"]
+    s = report.over_seeds(results, ["a"])["a"]
     assert s["gains"] == [0.4, 0.2] and abs(s["mean"] - 0.3) < 1e-12
     assert abs(s["seed_se"] - 0.1) < 1e-12  # stdev(0.4, 0.2) / sqrt(2)
     # per problem the two runs' mean: 40 at 0.5, 40 at 0, 20 at 0.5 -> 60 problems at 0.5, 40 at 0
     assert abs(s["pooled_se"] - (0.25 * 0.6 * 0.4 * 100 / 99 / 100) ** 0.5) < 1e-12
-    assert math.isnan(bench.over_seeds({k: results[k] for k in ("base", "joint_curriculum")}, ["a"])["a"]["seed_se"])
+    assert math.isnan(report.over_seeds({k: results[k] for k in ("base", "joint_curriculum")}, ["a"])["a"]["seed_se"])
 
 
 # ---------------------------------------------------------------------------- issue 46: sequential arms, equal completions
@@ -303,17 +304,17 @@ def test_the_report_reads_forgetting_from_a_sequential_arms_stages(tmp_path):
     after_a = {"a": result([1] * 60 + [0] * 40), "b": result([0] * 100)}    # a: 0 -> 0.60
     final = {"a": result([1] * 20 + [0] * 80), "b": result([1] * 50 + [0] * 50)}  # a falls to 0.20, b 0.50
     record = stage_record(after_a, final)
-    assert [d for d, _, r in bench.stage_results(record)] == ["a", "b"] and bench.stage_results(record)[1][2] is final
-    [(d, before, end, delta, se)] = bench.forgetting(record)
+    assert [d for d, _, r in report.stage_results(record)] == ["a", "b"] and report.stage_results(record)[1][2] is final
+    [(d, before, end, delta, se)] = report.forgetting(record)
     assert (d, before, end) == ("a", 0.6, 0.2) and abs(delta + 0.4) < 1e-12
     # per problem 40 of -1 and 60 of 0: mean -0.4, SE = sqrt(0.24 * 100 / 99 / 100)
     assert abs(se - (0.24 / 99) ** 0.5) < 1e-12
-    lines = bench.stage_table(record, base, ["a", "b"], ["a"])
+    lines = report.stage_table(record, base, ["a", "b"], ["a"])
     assert lines[0] == "| after stage | a | b (control) |"
     # a after its stage: 0.60 over base 0 with SE sqrt(0.24/99): +12.2 SE; b untouched: 0
     assert lines[2] == "| a (steps 0-4) | 0.600 (+12.2 SE) | 0.000 (+0.0 SE) |"
     assert lines[3].startswith("| b (steps 5-9) | 0.200 (")
-    bench.plot_stages(record, base, tmp_path / "stages.svg")
+    report.plot_stages(record, base, tmp_path / "stages.svg")
     assert "sequential: held-out pass@1 after each stage" in (tmp_path / "stages.svg").read_text()
 
 
@@ -324,10 +325,10 @@ def test_the_worst_domain_margin_pairs_one_domain_and_adds_two_in_quadrature():
     seq_b = {"a": result([1] * 50 + [0] * 50), "b": result([0] * 90 + [1] * 10)}    # worst: b, +0.10
     results = {"base": {"results": base}, "joint_curriculum": {"results": joint},
                "s1": {"results": seq_a}, "s2": {"results": seq_b}}
-    d1, d2, delta, se = bench.worst_margin(results, "joint_curriculum", "s1", ["a", "b"])
+    d1, d2, delta, se = report.worst_margin(results, "joint_curriculum", "s1", ["a", "b"])
     # same domain: per problem 20 of +1 (joint right, s1 wrong), 80 of 0 -> +0.2, SE sqrt(0.16 / 99)
     assert (d1, d2) == ("a", "a") and abs(delta - 0.2) < 1e-12 and abs(se - (0.16 / 99) ** 0.5) < 1e-12
-    d1, d2, delta, se = bench.worst_margin(results, "joint_curriculum", "s2", ["a", "b"])
+    d1, d2, delta, se = report.worst_margin(results, "joint_curriculum", "s2", ["a", "b"])
     # a +0.30 (SE sqrt(0.21/99)) against b +0.10 (SE sqrt(0.09/99)): +0.2, SE sqrt(0.30/99)
     assert (d1, d2) == ("a", "b") and abs(delta - 0.2) < 1e-12 and abs(se - (0.30 / 99) ** 0.5) < 1e-12
 
@@ -338,11 +339,11 @@ def test_joint_against_single_at_equal_completions_reads_the_equal_arms_records(
                "single_a": {"results": {"a": result([1] * 90 + [0] * 10)}},
                "single_a_equal": {"results": {"a": result([1] * 40 + [0] * 60)}, "completions": {"a": 320}},
                "single_b": {"results": {"b": result([1] * 90 + [0] * 10)}}}  # b's equal arm did not run
-    [(d, n_single, n_joint, delta, se)] = bench.equal_completions(results, ["a", "b"], "joint_curriculum")
+    [(d, n_single, n_joint, delta, se)] = report.equal_completions(results, ["a", "b"], "joint_curriculum")
     # the joint's 30 right are among single_a's first 40: per problem 10 of -1 -> -0.10, SE sqrt(0.09/99)
     assert (d, n_single, n_joint) == ("a", 320, 296) and abs(delta + 0.1) < 1e-12
     assert abs(se - (0.09 / 99) ** 0.5) < 1e-12
-    assert bench.equal_completions(results, ["a", "b"], "joint_uniform") == []  # that arm did not run
+    assert report.equal_completions(results, ["a", "b"], "joint_uniform") == []  # that arm did not run
 
 
 def test_the_curriculum_against_uniform_reads_when_each_reached_its_target():
@@ -357,19 +358,19 @@ def test_the_curriculum_against_uniform_reads_when_each_reached_its_target():
 
     results = {"joint_curriculum": final(40), "joint_curriculum_early": early(10, 30),
                "joint_uniform": final(35), "joint_uniform_early": early(20, 25)}
-    points = bench.reach_points(results, "joint_curriculum", size)
+    points = report.reach_points(results, "joint_curriculum", size)
     assert [n for n, _ in points] == [320, 640, 896]
     target = {"a": 0.28}
-    assert bench.first_reach(points, "a", 0.28) == 640  # 0.10, 0.30: at 640 completions
-    assert bench.first_reach(bench.reach_points(results, "joint_uniform", size), "a", 0.28) == 896  # 0.20, 0.25, 0.35
-    assert bench.first_reach(points, "a", 0.5) is None
+    assert report.first_reach(points, "a", 0.28) == 640  # 0.10, 0.30: at 640 completions
+    assert report.first_reach(report.reach_points(results, "joint_uniform", size), "a", 0.28) == 896  # 0.20, 0.25, 0.35
+    assert report.first_reach(points, "a", 0.5) is None
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bench, "REACH", target)
-        assert bench.report_reach(results, ["a"], size) == (1, 1)
+        mp.setattr(report, "REACH", target)
+        assert report.report_reach(results, ["a"], size) == (1, 1)
         results["joint_uniform_early"] = early(30, 30)  # the mixture there at 320: the curriculum later
-        assert bench.report_reach(results, ["a"], size) == (0, 1)
+        assert report.report_reach(results, ["a"], size) == (0, 1)
         del results["joint_uniform_early"]
-        assert bench.report_reach(results, ["a"], size) is None  # not both ran
+        assert report.report_reach(results, ["a"], size) is None  # not both ran
 
 
 def test_an_arms_time_is_split_from_its_metrics_and_the_rest_is_named(tmp_path):
@@ -381,11 +382,11 @@ def test_an_arms_time_is_split_from_its_metrics_and_the_rest_is_named(tmp_path):
     assert times == {"time/sample_s": 90.0, "time/reward_s": 18.0, "time/reward_tail_s": 6.0, "time/update_s": 210.0}
     record = {"times": {**times, "train_s": 600.0, "measure_s": 300.0}}
     # the rest of training: 600 - 90 - 6 - 210 = 294 s = 4.9 min
-    assert bench.time_split(record) == ("sampling 1.5, scoring 0.1, update 3.5, in-run eval, checkpoints, loading 4.9, "
+    assert report.time_split(record) == ("sampling 1.5, scoring 0.1, update 3.5, in-run eval, checkpoints, loading 4.9, "
                                         "measurement 5.0 min (scoring 0.3 min in all)")
-    assert bench.time_split({"seconds": 1.0}).startswith("not recorded")
+    assert report.time_split({"seconds": 1.0}).startswith("not recorded")
     record["times"]["time/eval_s"] = 120.0  # a run that timed its in-run evals: 294 - 120 = 174 s left
-    assert bench.time_split(record) == ("sampling 1.5, scoring 0.1, update 3.5, in-run eval 2.0, checkpoints, loading, "
+    assert report.time_split(record) == ("sampling 1.5, scoring 0.1, update 3.5, in-run eval 2.0, checkpoints, loading, "
                                         "last eval 2.9, measurement 5.0 min (scoring 0.3 min in all)")
 
 
