@@ -21,13 +21,16 @@ from postrl.evaluation import count_correct
 from postrl.sampling.policy import Policy
 
 
-def measure(policy: Policy, suites: dict, cfg, max_new_tokens: dict[str, int] | None = None) -> dict:
-    """{domain: {"greedy": [bool per problem], "correct": [correct samples per problem]}}."""
+def measure(policy: Policy, suites: dict, cfg, max_new_tokens: dict[str, int] | None = None,
+            greedy: bool = True) -> dict:
+    """{domain: {"greedy": [bool per problem], "correct": [correct samples per problem]}}; without
+    `greedy`, "greedy" is [] and the samples are the same (their own seeded generator)."""
     out = {}
     for name, (domain, tasks) in suites.items():
         t0 = time.perf_counter()
         tokens = (max_new_tokens or {}).get(name, cfg.train.max_new_tokens)
-        g, c = count_correct(policy, domain, tasks, cfg.eval.samples_per_problem, cfg.eval.temperature, tokens, cfg.seed)
+        g, c = count_correct(policy, domain, tasks, cfg.eval.samples_per_problem, cfg.eval.temperature, tokens,
+                             cfg.seed, greedy=greedy)
         out[name] = {"greedy": g, "correct": c}
         print(f"  {name}: {summary(out[name], cfg.eval.samples_per_problem)} ({time.perf_counter() - t0:.0f} s)",
               flush=True)
@@ -36,14 +39,14 @@ def measure(policy: Policy, suites: dict, cfg, max_new_tokens: dict[str, int] | 
 
 def summary(r: dict, n: int) -> str:
     s = scores(r, n)
-    line = f"greedy={s['greedy']:.3f} pass@1={s['pass@1']:.3f}"
+    line = (f"greedy={s['greedy']:.3f} " if r["greedy"] else "") + f"pass@1={s['pass@1']:.3f}"
     return line if s["k"] == 1 else f"{line} pass@{s['k']}={s['pass@k']:.3f}"
 
 
 def scores(r: dict, n: int) -> dict[str, float]:
     k = min(8, n)
     return {
-        "greedy": sum(r["greedy"]) / len(r["greedy"]),
+        "greedy": sum(r["greedy"]) / len(r["greedy"]) if r["greedy"] else math.nan,  # nan: not measured
         "pass@1": sum(pass_at_k(n, c, 1) for c in r["correct"]) / len(r["correct"]),
         "pass@k": sum(pass_at_k(n, c, k) for c in r["correct"]) / len(r["correct"]), "k": k,
     }

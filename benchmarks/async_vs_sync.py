@@ -116,7 +116,7 @@ def held_out(arm: dict, cfg, problems: int, samples: int) -> list[int]:
     torch.set_num_threads(2)
     domain = arm["domain"]
     _, correct = count_correct(arm["policy"], domain, domain.heldout(problems), samples, 1.0,
-                               cfg.train.max_new_tokens, cfg.seed)
+                               cfg.train.max_new_tokens, cfg.seed, greedy=False)
     return correct
 
 

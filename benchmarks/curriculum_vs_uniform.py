@@ -101,7 +101,7 @@ def score(cfg, model_name: str, num_problems: int, samples: int) -> Scores:
     for name, domain in domains.items():
         tasks = domain.heldout(num_problems)
         _, correct = count_correct(policy, domain, tasks, samples, cfg.eval.temperature,
-                                   cfg.train.max_new_tokens, cfg.seed)
+                                   cfg.train.max_new_tokens, cfg.seed, greedy=False)
         p[name] = [c / samples for c in correct]
         levels[name] = [t.level for t in tasks]
     return Scores(p, levels)

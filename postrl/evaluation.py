@@ -43,25 +43,31 @@ def worst_domain(values: list[float]) -> float:
 
 def count_correct(
     policy: Policy, domain: Domain, tasks: list, samples_per_problem: int, temperature: float,
-    max_new_tokens: int, seed: int = 0, stop: tuple[str, ...] = (),
+    max_new_tokens: int, seed: int = 0, stop: tuple[str, ...] = (), greedy: bool = True,
 ) -> tuple[list[bool], list[int]]:
-    """Per problem: is the greedy answer correct, and how many of `samples_per_problem` samples are.
-    An environment's problems are played as episodes (tools, feedback turns), as in training."""
+    """Per problem: is the greedy answer correct ([] with `greedy` False: not sampled), and how many
+    of `samples_per_problem` samples are. An environment's problems are played as episodes (tools,
+    feedback turns), as in training."""
     greedy_ok, sampled, scores = grade_heldout(policy, domain, tasks, samples_per_problem, temperature,
-                                               max_new_tokens, seed, stop)
+                                               max_new_tokens, seed, stop, greedy)
     return greedy_ok, per_problem_correct(sampled, scores, len(tasks))
 
 
 def grade_heldout(
     policy: Policy, domain: Domain, tasks: list, samples_per_problem: int, temperature: float,
-    max_new_tokens: int, seed: int = 0, stop: tuple[str, ...] = (),
+    max_new_tokens: int, seed: int = 0, stop: tuple[str, ...] = (), greedy: bool = True,
 ) -> tuple[list[bool], list[Sample], list[Score]]:
-    """(greedy answer correct, per problem; the sampled replies; their scores)."""
-    _, greedy = play(policy, domain, tasks, 1, GenParams(max_new_tokens, greedy=True, stop_strings=stop))
+    """(greedy answer correct, per problem, or [] without `greedy`; the sampled replies; their
+    scores). The samples draw from their own generator seeded with `seed`, so they are the same
+    with or without the greedy pass before them: a caller that reads pass@k alone skips it."""
+    greedy_ok = []
+    if greedy:
+        _, replies = play(policy, domain, tasks, 1, GenParams(max_new_tokens, greedy=True, stop_strings=stop))
+        greedy_ok = [bool(s.correct) for s in replies]
     gen = torch.Generator().manual_seed(seed)
     sampled, scores = play(policy, domain, tasks, samples_per_problem,
                            GenParams(max_new_tokens, temperature=temperature, stop_strings=stop), gen)
-    return [bool(s.correct) for s in greedy], sampled, scores
+    return greedy_ok, sampled, scores
 
 
 def per_problem_correct(sampled: list[Sample], scores: list[Score], problems: int) -> list[int]:

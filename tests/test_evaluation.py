@@ -5,7 +5,7 @@ evaluating it alone."""
 import pytest
 
 from postrl.builtin_models import load_model
-from postrl.evaluation import evaluate, evaluate_domain
+from postrl.evaluation import count_correct, evaluate, evaluate_domain, grade_heldout
 from postrl.sampling.policy import Policy
 from postrl.tasks.catalog import make_domain
 
@@ -37,3 +37,24 @@ def test_domains_are_sampled_in_one_call_with_their_own_limits_and_greedy_as_alo
         assert got[name]["n_scored"] == 15 and 0 <= got[name]["pass@1"] <= got[name]["pass@2"] <= 1
     again = evaluate(policy, domains, limits, **kw)
     assert again == got  # one seeded generator: the same draws every time
+
+
+def test_without_the_greedy_pass_the_samples_are_the_same_and_no_greedy_reply_is_made(tiny):
+    """What a benchmark reading pass@k alone saves (benchmarks/_gain.measure(greedy=False)): the
+    samples draw from their own seeded generator, so skipping the greedy pass changes none of them."""
+    model, tok = tiny
+    policy = Policy(model, tok)
+    calls = []
+    inner = policy.backend.generate
+    policy.backend.generate = lambda prompts, p, *a, **k: calls.append(p) or inner(prompts, p, *a, **k)
+    domain = make_domain("arith", {}, 0)
+    tasks = domain.heldout(5)
+    greedy_ok, sampled, scores = grade_heldout(policy, domain, tasks, 3, 1.0, 9, seed=0)
+    made = len(calls)
+    none, again, again_scores = grade_heldout(policy, domain, tasks, 3, 1.0, 9, seed=0, greedy=False)
+    assert len(greedy_ok) == 5 and none == []
+    assert [s.completion_ids for s in again] == [s.completion_ids for s in sampled] and again_scores == scores
+    assert len({tuple(s.completion_ids) for s in again}) > 1  # sampled, not one reply fifteen times
+    greedy = [any(g.greedy for g in (c if isinstance(c, list) else [c])) for c in calls]  # a call's params, or each row's
+    assert any(greedy[:made]) and not any(greedy[made:])
+    assert count_correct(policy, domain, tasks, 3, 1.0, 9, seed=0, greedy=False)[0] == []
