@@ -49,7 +49,7 @@ def table(results: dict[str, dict], domains: list[str], trained: list[str]) -> N
         for arm in names:
             r = results[arm]["results"][d]
             s = scores(r, 1)
-            cell = f"{s['pass@1']:.3f} ({s['greedy']:.3f})"
+            cell = f"{s['pass@1']:.3f}" + ("" if math.isnan(s["greedy"]) else f" ({s['greedy']:.3f})")  # nan: not measured
             if arm != "base":
                 delta, se = change(base[d], r)
                 cell += f" {delta:+.3f}+/-{2 * se:.3f}"

@@ -117,7 +117,7 @@ smallest gain was 0.96-1.96 SE over three seeds (docs/joint.md)."""
 QUICK = {"problems": 8, "steps": 3, "prompts": 2, "samples": 4, "eval_every": 3, "eval_problems": 4, "max_tokens": 64}
 """--quick: the same arms, 8 problems a domain, three steps of 8 completions (one a stage of the
 sequential arms, whose paths it runs: the stage checkpoints and their measurements), replies cut at
-64 tokens: the shape of the run, not its significance."""
+64 tokens, pass@1 alone measured (no greedy pass): the shape of the run, not its significance."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +257,9 @@ class Arms:
     model's in the shared record `base`)."""
 
     def __init__(self, out: Path, recipe: str, size: dict, fresh: bool, extra: list[str] | None = None,
-                 runs: Path | None = None, base: Path | None = None):
+                 runs: Path | None = None, base: Path | None = None, greedy: bool = True):
+        self.greedy = greedy
+        """Measure greedy replies too (the full size's tables show them); --quick reads pass@1 alone."""
         self.out, self.recipe, self.size, self.extra = out, recipe, size, extra or []
         """`extra`: recipe overrides for every trained arm (`--set`), part of each trained arm's key."""
         self.runs = runs or out / "runs"
@@ -347,7 +349,7 @@ class Arms:
         equal and early arms, read by pass@1 alone: the samples are the same without it)."""
         print(f"{name}: measuring {model}", flush=True)
         policy = Policy(*load_model(str(model), self.bench.model.dtype, log=lambda *_: None))
-        return measure(policy, suites, self.bench, self.tokens, greedy)
+        return measure(policy, suites, self.bench, self.tokens, greedy and self.greedy)
 
     def along(self, name: str, arm: Arm, run_dir: Path) -> dict:
         """The measurements along a run, from its checkpoints: a sequential arm's weights after each
@@ -469,7 +471,7 @@ def main(argv: list[str]) -> int:
     out = Path(args.out or ("runs/joint_vs_single_quick" if args.quick else RESULTS))
     runs = Path(args.runs or ("runs/joint_vs_single_quick/runs" if args.quick else "runs/joint_vs_single"))
     bench = Arms(out, args.recipe, size, args.fresh, args.set, runs,
-                 Path(args.base or (out / "base.json" if args.quick else BASE)))
+                 Path(args.base or (out / "base.json" if args.quick else BASE)), greedy=not args.quick)
     trained, domains = bench.trained, list(bench.suites)
     every = arms(trained, size["steps"], tuple(bench.bench.seed + k for k in range(1, args.seeds)))
     chosen = args.arms.split(",") if args.arms else list(every)

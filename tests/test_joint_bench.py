@@ -120,6 +120,17 @@ def test_each_arm_is_kept_and_a_changed_setting_runs_it_again(tmp_path):
     assert bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=True) and not (tmp_path / "base.json").exists()
 
 
+def test_the_greedy_pass_is_measured_at_the_full_size_but_not_for_the_equal_and_early_arms_or_quick(
+        tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(bench, "load_model", lambda *a, **k: (None, None))
+    monkeypatch.setattr(bench, "Policy", lambda *a: None)
+    monkeypatch.setattr(bench, "measure", lambda policy, suites, cfg, tokens, greedy: asked.append(greedy) or {})
+    full, quick = (bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False, greedy=g) for g in (True, False))
+    full.measure("a", "m", {}), full.measure("b", "m", {}, greedy=False), quick.measure("c", "m", {})
+    assert asked == [True, False, False]
+
+
 def test_an_arm_stopped_while_measured_keeps_its_finished_training_and_only_that(tmp_path):
     arms = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
     overrides = ["curriculum.schedule=fixed"]
