@@ -4,6 +4,7 @@ domain starts as at a run's start, a dropped one is gone, one line says which; a
 state is not per domain is refused with one line."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -35,18 +36,24 @@ def domains_by_step(run_dir) -> dict[int, set[str]]:
     return out
 
 
+def resumed(tmp_path, model_dir, schedule: str, capsys, domains: str) -> tuple[Path, str]:
+    """The first sitting, then `--resume` to step 4 with `domains` changed: (its run dir, what it printed)."""
+    run_dir = first_sitting(tmp_path, model_dir, schedule)
+    capsys.readouterr()
+    code = main(["train", "--resume", str(run_dir), domains, "train.total_steps=4"])
+    out = capsys.readouterr().out
+    assert code == 0
+    return run_dir, out
+
+
 def metric_lines(run_dir) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("schedule", ["fixed", "learnability"])
 def test_a_domain_added_on_resume_is_trained_and_sampled(tiny_model_dir, tmp_path, capsys, schedule):
-    run_dir = first_sitting(tmp_path, tiny_model_dir, schedule)
-    capsys.readouterr()
-    code = main(["train", "--resume", str(run_dir), "domains.c={type: arith, params: {levels: [1, 2]}}",
-                 "train.total_steps=4"])
-    out = capsys.readouterr().out
-    assert code == 0
+    run_dir, out = resumed(tmp_path, tiny_model_dir, schedule, capsys,
+                           "domains.c={type: arith, params: {levels: [1, 2]}}")
     assert ("resuming with other domains than the checkpoint's: added c; dropped none "
             "(a new domain starts from its recipe weight, a dropped one's curriculum state is discarded)") in out
     drawn = domains_by_step(run_dir)
@@ -63,12 +70,7 @@ def test_a_domain_added_on_resume_is_trained_and_sampled(tiny_model_dir, tmp_pat
 
 @pytest.mark.parametrize("schedule", ["fixed", "learnability"])
 def test_a_domain_dropped_on_resume_is_no_longer_drawn(tiny_model_dir, tmp_path, capsys, schedule):
-    run_dir = first_sitting(tmp_path, tiny_model_dir, schedule)
-    capsys.readouterr()
-    code = main(["train", "--resume", str(run_dir), "domains={a: {type: arith, params: {levels: [1]}}}",
-                 "train.total_steps=4"])
-    out = capsys.readouterr().out
-    assert code == 0
+    run_dir, out = resumed(tmp_path, tiny_model_dir, schedule, capsys, "domains={a: {type: arith, params: {levels: [1]}}}")
     assert "resuming with other domains than the checkpoint's: added none; dropped b" in out
     assert domains_by_step(run_dir) == {0: {"a", "b"}, 1: {"a", "b"}, 2: {"a"}, 3: {"a"}}
     assert not any(k.endswith("/b") for m in metric_lines(run_dir)[2:] for k in m)
