@@ -22,7 +22,7 @@ TARGET_DROP_SE = 2.0
 TARGET_HOURS = 4.0
 """Issue 46: every arm, summed over sittings (issue 31's was 3 h for the six arms it had)."""
 REACH = {"word_problems": 0.28, "letter_counting": 0.20, "code": 0.28}
-"""Held-out pass@1 each trained domain is to reach, stated on 2026-12-07 before the early joint arms
+"""Held-out pass@1 each trained domain is to reach, stated on 2026-12-07 before the `_at<k>` arms
 ran: the base plus three quarters of the smaller of the two joint arms' gains at 14 steps (word
 problems 0.140 + 0.75 x 0.185, letter counting 0.115 + 0.75 x 0.115, code 0.155 + 0.75 x 0.160),
 rounded to 0.01; both joint arms reach them by step 14, the question is how soon."""
@@ -236,17 +236,15 @@ def report_sequential(results: dict[str, dict], domains: list[str], trained: lis
 
 
 def reach_points(results: dict[str, dict], joint: str, size: dict) -> list[tuple[int, dict]]:
-    """(completions, held-out results on the trained domains) along `joint`'s run: its early arm's
-    checkpoints and final weights, then the arm's own final weights; [] unless both ran. A run's
-    first k steps are a k-step run's, so the early arm's measurements are the arm's own at k."""
-    early, full = results.get(f"{joint}_early"), results.get(joint)
-    if early is None or full is None:
+    """(completions, held-out results) along `joint`'s run, in order: its first k steps from each
+    `<joint>_at<k>` arm (a k-step run is the first k steps of the longer one), then the arm's own
+    final weights; [] unless the arm and one such arm ran."""
+    prefix, per_step = f"{joint}_at", size["prompts"] * size["samples"]
+    early = sorted((int(name[len(prefix):]), r["results"]) for name, r in results.items()
+                   if name.startswith(prefix) and name[len(prefix):].isdigit())
+    if not early or joint not in results:
         return []
-    per_step = size["prompts"] * size["samples"]
-    early_steps = [a["step"] for a in early["along"]] + [sum(early["completions"].values()) // per_step]
-    return [*((step * per_step, r) for step, r in zip(early_steps, [a["results"] for a in early["along"]] +
-                                                      [early["results"]])),
-            (size["steps"] * per_step, full["results"])]
+    return [(k * per_step, r) for k, r in early] + [(size["steps"] * per_step, results[joint]["results"])]
 
 
 def first_reach(points: list[tuple[int, dict]], domain: str, target: float) -> int | None:
@@ -257,7 +255,8 @@ def first_reach(points: list[tuple[int, dict]], domain: str, target: float) -> i
 def report_reach(results: dict[str, dict], trained: list[str], size: dict) -> tuple[int, int] | None:
     """Print each joint arm's pass@1 along its run and the completions it took to reach each
     domain's `REACH` target; returns (domains where the curriculum got there in no more
-    completions than the uniform mixture, domains with a target), None unless both early arms ran."""
+    completions than the uniform mixture, domains with a target), None unless both were read along
+    their runs."""
     points = {j: reach_points(results, j, size) for j in ("joint_curriculum", "joint_uniform")}
     if not all(points.values()):
         return None

@@ -30,7 +30,11 @@ against the base model (benchmarks/_gain.py). Besides its final weights:
     about the completions its domain gets in a joint arm, and measured on its own domain: "joint
     against single at equal completions of the domain" is read from the records. A run of k steps
     is the first k steps of a longer run, weight for weight (the LR is constant after warm-up), so
-    this costs what those steps cost and leaves the single arms' records as they are.
+    this costs what those steps cost and leaves the single arms' records as they are;
+  - each joint arm's first third and first two thirds of the steps (`joint_curriculum_at5`,
+    `joint_uniform_at10`, ...: runs of 5 and 10 steps), measured on the trained domains (pass@1
+    alone), give its held-out pass@1 along the run: how many completions each joint arm took to
+    reach each domain's target (`REACH` in benchmarks/_joint_report.py, stated before they ran).
 `--seeds N` runs the joint curriculum again under N-1 more seeds and reports each run's gains and
 their mean: at 10 steps two runs of one recipe differ as much as the schedules could.
 
@@ -132,8 +136,6 @@ class Arm:
     measured: tuple[str, ...] = ()
     """The domains its weights are measured on, pass@1 alone (empty: every domain and the control,
     greedy too)."""
-    along: tuple[int, ...] = ()
-    """Steps whose checkpoints are measured too, on the `measured` domains (the early joint arms)."""
 
 
 def stage_lengths(steps: int, stages: int) -> list[int]:
@@ -216,9 +218,9 @@ def arms(trained: list[str], steps: int, seeds: tuple[int, ...] = ()) -> dict[st
     (`single_<domain>_equal`, the `stage_lengths` first length: about the completions its domain
     gets in a joint arm, measured on that domain only), then the sequential arms, keeping a
     checkpoint at each stage's end for their measurements along the way, then each joint arm's
-    first two thirds of the steps measured on the trained domains at one third and two thirds
-    (`<joint arm>_early`: when each reaches a domain's target), then the joint curriculum again
-    under each of `seeds` (`joint_curriculum_seed<N>`).
+    first third and first two thirds of the steps (`<joint arm>_at<k>`, measured on the trained
+    domains: when each reached a domain's target), then the joint curriculum again under each of
+    `seeds` (`joint_curriculum_seed<N>`).
 
     An equal arm is its own short run, not a checkpoint of the single arm's: the LR is constant
     after warm-up and nothing else in a run depends on its length, so a run of k steps is the
@@ -233,9 +235,8 @@ def arms(trained: list[str], steps: int, seeds: tuple[int, ...] = ()) -> dict[st
     in_turn = ("curriculum.schedule=sequential", "eval.every_steps=0", "eval.at_start=false",
                f"checkpoint.every_steps={third}", f"checkpoint.keep_last={steps // third}")
     joint = {"joint_curriculum": ("curriculum.schedule=learnability",), "joint_uniform": ("curriculum.schedule=fixed",)}
-    early = {f"{name}_early": Arm((*o, f"train.total_steps={2 * third}", f"checkpoint.every_steps={third}",
-                                   "checkpoint.keep_last=2"), measured=tuple(trained), along=(third,))
-             for name, o in joint.items()}
+    early = {f"{name}_at{k}": Arm((*o, f"train.total_steps={k}"), measured=tuple(trained))
+             for k in (third, 2 * third) for name, o in joint.items()}
     reseeded = {f"joint_curriculum_seed{n}": Arm((f"seed={n}", "curriculum.schedule=learnability")) for n in seeds}
     return {**{name: Arm(o) for name, o in joint.items()}, **single, **equal,
             "sequential": Arm(in_turn, stages=tuple(trained)),
@@ -301,7 +302,7 @@ class Arms:
     def run(self, name: str, arm: Arm | None) -> dict:
         """An arm's result, kept or made: train (unless `arm` is None: the base model), then measure
         on every domain's held-out problems (an equal arm: its own domain's), and a sequential arm
-        after each stage (`along`)."""
+        after each stage (`stages`)."""
         key = self.key(*((arm.overrides, arm.only, arm.stages) if arm else (None, None)))
         if kept := self.kept(name, key):
             print(f"{name}: kept from {self.path(name)} ({kept['seconds'] / 60:.1f} min when it ran)", flush=True)
@@ -314,7 +315,7 @@ class Arms:
         measuring = Timed()
         suites = {d: self.suites[d] for d in arm.measured} if arm and arm.measured else self.suites
         results = self.measure(name, model, suites, greedy=not arm or not arm.measured)
-        extra = self.along(name, arm, run_dir) if arm else {}
+        extra = self.stages(name, arm, run_dir) if arm and arm.stages else {}
         loads.append(load_avg())
         kept = {"key": key, "arm": name, "results": results, "seconds": train_s + measuring.seconds,
                 "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,
@@ -351,16 +352,9 @@ class Arms:
         policy = Policy(*load_model(str(model), self.bench.model.dtype, log=lambda *_: None))
         return measure(policy, suites, self.bench, self.tokens, greedy and self.greedy)
 
-    def along(self, name: str, arm: Arm, run_dir: Path) -> dict:
-        """The measurements along a run, from its checkpoints: a sequential arm's weights after each
-        stage but the last, on every domain (`stages`, the last stage's results the arm's own); an
-        early arm's at each of its `along` steps, on its measured domains (`along`)."""
-        if arm.along:
-            suites = {d: self.suites[d] for d in arm.measured}
-            return {"along": [{"step": step, "results": self.measure(f"{name} at step {step}", checkpoint(run_dir, step),
-                                                                     suites, greedy=False)} for step in arm.along]}
-        if not arm.stages:
-            return {}
+    def stages(self, name: str, arm: Arm, run_dir: Path) -> dict:
+        """A sequential arm's weights after each stage but the last, from the run's checkpoints, on
+        every domain (`stages`, the last stage's results the arm's own)."""
         steps = self.size["steps"]
         return {"stages": [{"domain": d, "steps": [start, end], **({} if end == steps else {
             "results": self.measure(f"{name} after {d}", checkpoint(run_dir, end), self.suites)})}

@@ -225,7 +225,8 @@ def test_the_sequential_schedule_draws_only_its_stages_domain_and_resumes_at_its
 
 def test_the_sequential_arms_checkpoint_each_stage_in_both_orders_and_the_equal_arms_train_a_third(tmp_path):
     every = bench.arms(["wp", "lc", "code"], 14)
-    assert list(every)[-4:] == ["sequential", "sequential_rev", "joint_curriculum_early", "joint_uniform_early"]
+    assert list(every)[-6:] == ["sequential", "sequential_rev", "joint_curriculum_at5", "joint_uniform_at5",
+                                "joint_curriculum_at10", "joint_uniform_at10"]
     assert every["sequential"].stages == ("wp", "lc", "code") and every["sequential_rev"].stages == ("code", "lc", "wp")
     # 14 steps: the stages end at 5 and 10, both checkpoints kept
     assert every["sequential"].overrides[0] == "curriculum.schedule=sequential"
@@ -235,12 +236,10 @@ def test_the_sequential_arms_checkpoint_each_stage_in_both_orders_and_the_equal_
     assert (equal.only, equal.measured, equal.overrides[-1]) == ("lc", ("lc",), "train.total_steps=5")
     assert every["single_lc"].measured == every["sequential"].measured == ()  # every domain and the control
     assert not any(o.startswith("checkpoint") for a in ("joint_curriculum", "single_lc") for o in every[a].overrides)
-    # each joint arm's first 10 steps, its checkpoint at 5 measured too, on the trained domains
-    early = every["joint_uniform_early"]
-    assert early.overrides == ("curriculum.schedule=fixed", "train.total_steps=10", "checkpoint.every_steps=5",
-                               "checkpoint.keep_last=2")
-    assert (early.measured, early.along) == (("wp", "lc", "code"), (5,))
-    assert every["joint_curriculum_early"].overrides[0] == "curriculum.schedule=learnability"
+    # each joint arm's first 5 and first 10 steps, measured on the trained domains
+    assert every["joint_uniform_at10"].overrides == ("curriculum.schedule=fixed", "train.total_steps=10")
+    assert every["joint_curriculum_at5"].overrides == ("curriculum.schedule=learnability", "train.total_steps=5")
+    assert every["joint_curriculum_at5"].measured == ("wp", "lc", "code")
     arms = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
     seq, rev = every["sequential"], every["sequential_rev"]
     assert arms.key(seq.overrides, None, seq.stages) != arms.key(rev.overrides, None, rev.stages)  # the order counts
@@ -360,28 +359,23 @@ def test_joint_against_single_at_equal_completions_reads_the_equal_arms_records(
 def test_the_curriculum_against_uniform_reads_when_each_reached_its_target():
     size = {"steps": 14, "prompts": 8, "samples": 8}
 
-    def early(at_5: int, at_10: int) -> dict:  # correct of 100 on domain a at steps 5 and 10
-        return {"along": [{"step": 5, "results": {"a": result([1] * at_5 + [0] * (100 - at_5))}}],
-                "results": {"a": result([1] * at_10 + [0] * (100 - at_10))}, "completions": {"a": 640}}
-
-    def final(n: int) -> dict:
+    def at(n: int) -> dict:  # n of 100 right on domain a
         return {"results": {"a": result([1] * n + [0] * (100 - n))}}
 
-    results = {"joint_curriculum": final(40), "joint_curriculum_early": early(10, 30),
-               "joint_uniform": final(35), "joint_uniform_early": early(20, 25)}
+    results = {"joint_curriculum": at(40), "joint_curriculum_at5": at(10), "joint_curriculum_at10": at(30),
+               "joint_uniform": at(35), "joint_uniform_at10": at(25), "joint_uniform_at5": at(20)}
     points = report.reach_points(results, "joint_curriculum", size)
-    assert [n for n, _ in points] == [320, 640, 896]
-    target = {"a": 0.28}
+    assert [n for n, _ in points] == [320, 640, 896]  # in order of steps, whatever the records' order
     assert report.first_reach(points, "a", 0.28) == 640  # 0.10, 0.30: at 640 completions
-    assert report.first_reach(report.reach_points(results, "joint_uniform", size), "a", 0.28) == 896  # 0.20, 0.25, 0.35
+    assert report.first_reach(report.reach_points(results, "joint_uniform", size), "a", 0.28) == 896  # .20 .25 .35
     assert report.first_reach(points, "a", 0.5) is None
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(report, "REACH", target)
+        mp.setattr(report, "REACH", {"a": 0.28})
         assert report.report_reach(results, ["a"], size) == (1, 1)
-        results["joint_uniform_early"] = early(30, 30)  # the mixture there at 320: the curriculum later
+        results["joint_uniform_at5"] = at(30)  # the mixture there at 320: the curriculum later
         assert report.report_reach(results, ["a"], size) == (0, 1)
-        del results["joint_uniform_early"]
-        assert report.report_reach(results, ["a"], size) is None  # not both ran
+        del results["joint_uniform_at5"], results["joint_uniform_at10"]
+        assert report.report_reach(results, ["a"], size) is None  # the mixture not read along its run
 
 
 def test_an_arms_time_is_split_from_its_metrics_and_the_rest_is_named(tmp_path):
