@@ -28,9 +28,11 @@ against the base model (benchmarks/_gain.py). Besides its final weights:
     its record (`stages`);
   - each domain is also trained alone for the first third of the steps (`single_<domain>_equal`),
     about the completions its domain gets in a joint arm, and measured on its own domain: "joint
-    against single at equal completions of the domain" is read from the records. A run of k steps
-    is the first k steps of a longer run, weight for weight (the LR is constant after warm-up), so
-    this costs what those steps cost and leaves the single arms' records as they are;
+    against single at equal completions of the domain" is read from the records. On one checkout a
+    run of k steps is the first k steps of a longer run, weight for weight (the LR is constant
+    after warm-up), so this costs what those steps cost and leaves the single arms' records as they
+    are (the 14-step records are from an older checkout: the prefix held for 2-4 steps there, so the
+    comparison carries run-to-run variation too; docs/joint.md);
   - each joint arm's first third and first two thirds of the steps (`joint_curriculum_at5`,
     `joint_uniform_at10`, ...: runs of 5 and 10 steps), measured on the trained domains (pass@1
     alone), give its held-out pass@1 along the run: how many completions each joint arm took to
@@ -223,10 +225,10 @@ def arms(trained: list[str], steps: int, seeds: tuple[int, ...] = ()) -> dict[st
     `seeds` (`joint_curriculum_seed<N>`).
 
     An equal arm is its own short run, not a checkpoint of the single arm's: the LR is constant
-    after warm-up and nothing else in a run depends on its length, so a run of k steps is the
-    first k steps of a longer one, weight for weight (tests/test_joint_bench.py trains both and
-    compares), and it costs what those steps cost, while a checkpoint would have meant training
-    the measured single arms again."""
+    after warm-up and nothing else in a run depends on its length, so on one checkout a run of k
+    steps is the first k steps of a longer one, weight for weight (tests/test_joint_bench.py trains
+    both and compares), and it costs what those steps cost, while a checkpoint would have meant
+    training the measured single arms again."""
     third = stage_lengths(steps, len(trained))[0]
     alone = ("curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false")
     single = {f"single_{name}": Arm(alone, only=name) for name in trained}
