@@ -22,8 +22,8 @@ TARGET_DROP_SE = 2.0
 TARGET_HOURS = 4.0
 """Issue 46: every arm, summed over sittings (issue 31's was 3 h for the six arms it had)."""
 REACH = {"word_problems": 0.28, "letter_counting": 0.20, "code": 0.28}
-"""Held-out pass@1 each trained domain is to reach, stated on 2026-12-07 before the `_at<k>` arms
-ran: the base plus three quarters of the smaller of the two joint arms' gains at 14 steps (word
+"""Held-out pass@1 each trained domain is to reach, stated on 2026-12-07 before the joint arms were
+first measured along their runs: the base plus three quarters of the smaller of the two joint arms' gains at 14 steps (word
 problems 0.140 + 0.75 x 0.185, letter counting 0.115 + 0.75 x 0.115, code 0.155 + 0.75 x 0.160),
 rounded to 0.01; both joint arms reach them by step 14, the question is how soon."""
 
@@ -170,14 +170,16 @@ def worst_margin(results: dict[str, dict], joint: str, other: str, trained: list
 
 
 def equal_completions(results: dict[str, dict], trained: list[str], joint: str) -> list[tuple]:
-    """Per trained domain whose equal arm ran: (domain, that arm's completions, the joint arm's
-    completions of the domain, joint - single on it, paired SE)."""
+    """Per trained domain whose single arm was measured along its run: (domain, the single arm's
+    completions at its first point, the joint arm's completions of the domain, joint - single on
+    it, paired SE)."""
     out = []
     for d in trained:
-        equal = results.get(f"single_{d}_equal")
-        if equal is not None and joint in results:
-            out.append((d, sum(equal["completions"].values()), results[joint]["completions"].get(d, 0),
-                        *change(equal["results"][d], results[joint]["results"][d])))
+        along = results.get(f"single_{d}", {}).get("along")
+        if along and joint in results:
+            first = along[0]
+            out.append((d, sum(first["completions"].values()), results[joint]["completions"].get(d, 0),
+                        *change(first["results"][d], results[joint]["results"][d])))
     return out
 
 
@@ -236,15 +238,13 @@ def report_sequential(results: dict[str, dict], domains: list[str], trained: lis
 
 
 def reach_points(results: dict[str, dict], joint: str, size: dict) -> list[tuple[int, dict]]:
-    """(completions, held-out results) along `joint`'s run, in order: its first k steps from each
-    `<joint>_at<k>` arm (a k-step run is the first k steps of the longer one), then the arm's own
-    final weights; [] unless the arm and one such arm ran."""
-    prefix, per_step = f"{joint}_at", size["prompts"] * size["samples"]
-    early = sorted((int(name[len(prefix):]), r["results"]) for name, r in results.items()
-                   if name.startswith(prefix) and name[len(prefix):].isdigit())
-    if not early or joint not in results:
+    """(completions, held-out results) along `joint`'s run, in order: its checkpoints measured along
+    the run (`along`), then its final weights; [] unless the arm ran and was measured along it."""
+    along, per_step = results.get(joint, {}).get("along"), size["prompts"] * size["samples"]
+    if not along:
         return []
-    return [(k * per_step, r) for k, r in early] + [(size["steps"] * per_step, results[joint]["results"])]
+    return ([(p["step"] * per_step, p["results"]) for p in sorted(along, key=lambda p: p["step"])]
+            + [(size["steps"] * per_step, results[joint]["results"])])
 
 
 def first_reach(points: list[tuple[int, dict]], domain: str, target: float) -> int | None:
@@ -283,12 +283,12 @@ def report_equal(results: dict[str, dict], trained: list[str]) -> list[float]:
     for joint in ("joint_curriculum", "joint_uniform"):
         rows = equal_completions(results, trained, joint)
         if rows:
-            print(f"\n{joint} vs single arms at equal domain completions (each domain alone for a third of the "
+            print(f"\n{joint} vs single arms at equal domain completions (each single arm after a third of its "
                   "steps; difference +/- 2 paired SE):")
         for d, n_single, n_joint, delta, se in rows:
             verdict = "within 2 SE or above" if in_se(delta, se) >= -2 else "BELOW by more than 2 SE"
             print(f"  {d}: {delta:+.3f} +/- {2 * se:.3f} ({in_se(delta, se):+.1f} SE, {verdict}); "
-                  f"{n_joint} completions of it in {joint}, {n_single} in single_{d}_equal")
+                  f"{n_joint} completions of it in {joint}, {n_single} in single_{d} by then")
             if joint == "joint_curriculum":
                 found.append(in_se(delta, se))
     return found

@@ -2,7 +2,7 @@
 domains trained one after the other: is there a seesaw, and does joint training avoid it?
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/joint_vs_single.py [--quick] [--out DIR] [--runs DIR]
-        [--base FILE] [--fresh] [--steps N] [--set KEY=VALUE ...] [--arms ARM,ARM] [--seeds N]
+        [--base FILE] [--fresh] [--steps N] [--set KEY=VALUE ...] [--arms ARM,ARM] [--seeds N] [--greedy]
 
 The recipe (recipes/smollm2-joint.yaml) trains SmolLM2-135M-Instruct with LoRA on three domains of
 different kinds, all from JSONL files a user could have brought: word problems graded by the math
@@ -21,22 +21,17 @@ steps, then only the second, then only the third, so each stage goes on from the
 weights, optimiser, LR schedule and KL reference (the base model) as one run does; the stages'
 lengths are `stage_lengths` (14 steps: 5, 5, 4). The joint runs evaluate every few steps with the
 seesaw alerts on. Every arm is measured on the same held-out problems (200 a domain; one sample at
-T=0.7 with the same seeds, and greedy), and each change is reported with its paired standard error
-against the base model (benchmarks/_gain.py). Besides its final weights:
-  - a sequential arm's weights after each earlier stage (the run's checkpoint at the stage's end) are
-    measured on every domain and the control, so the forgetting of each earlier domain is read from
-    its record (`stages`);
-  - each domain is also trained alone for the first third of the steps (`single_<domain>_equal`),
-    about the completions its domain gets in a joint arm, and measured on its own domain: "joint
-    against single at equal completions of the domain" is read from the records. On one checkout a
-    run of k steps is the first k steps of a longer run, weight for weight (the LR is constant
-    after warm-up), so this costs what those steps cost and leaves the single arms' records as they
-    are (the 14-step records are from an older checkout: the prefix held for 2-4 steps there, so the
-    comparison carries run-to-run variation too; docs/joint.md);
-  - each joint arm's first third and first two thirds of the steps (`joint_curriculum_at5`,
-    `joint_uniform_at10`, ...: runs of 5 and 10 steps), measured on the trained domains (pass@1
-    alone), give its held-out pass@1 along the run: how many completions each joint arm took to
-    reach each domain's target (`REACH` in benchmarks/_joint_report.py, stated before they ran).
+T=0.7 with the same seeds: pass@1; greedy replies too with `--greedy`), and each change is reported
+with its paired standard error against the base model (benchmarks/_gain.py). Every arm keeps a
+checkpoint every third of the steps, and besides its final weights these are measured, pass@1 alone,
+from the arm's own run (`stages`, `along` in its record):
+  - a sequential arm's weights after each earlier stage, on every domain and the control: the
+    forgetting of each earlier domain is read, not inferred;
+  - a single arm's weights after a third of the steps, about the completions its domain gets in a
+    joint arm, on its domain: "joint against single at equal completions of the domain";
+  - a joint arm's weights after a third and two thirds of the steps, on the trained domains: how
+    many completions each joint arm took to reach each domain's target (`REACH` in
+    benchmarks/_joint_report.py, stated before they were first measured).
 `--seeds N` runs the joint curriculum again under N-1 more seeds and reports each run's gains and
 their mean: at 10 steps two runs of one recipe differ as much as the schedules could.
 
@@ -50,18 +45,20 @@ the script again and it goes on from the first arm it has not finished, without 
 arm whose training had finished, as long as the settings are the same (`--fresh` starts over). With
 `--arms` only those arms run; the others' kept records are reported with them, and the arms with no
 record are named. The full size keeps its records in benchmarks/results/joint_vs_single_14steps/,
-in the repository (the 10-step run's stay in benchmarks/results/joint_vs_single/, read with `--steps
-10 --out benchmarks/results/joint_vs_single`): the arms take longer together than one sitting on a
-2-core machine, so a sitting commits the arms it finished and the next goes on from them. The arms
-run with the joint ones first, since the acceptance rests on them. The total time printed is the
-sum of the arms' own times.
+in the repository (those of earlier designs, which this one no longer reads: the 10-step run's in
+benchmarks/results/joint_vs_single/, the prefix-run design's in ..._14steps_prefix/): the arms take
+longer together than one sitting on a 2-core machine, so a sitting commits the arms it finished and
+the next goes on from them. The arms run with the joint ones first, since the acceptance rests on
+them. The total time printed is the sum of the arms' own times.
 
 Targets (issue 31): in the joint curriculum arm every trained domain above its base by more than
 2 SE and no domain below its base by more than 2 SE; on each domain the joint curriculum arm within
 2 SE of, or above, the domain's single arm; the whole benchmark within 3 hours on 2 CPU cores;
 `--quick` (fewer problems and steps: the shape of the result, not its significance) in 20 minutes.
 Issue 46 adds: the joint curriculum's worst trained domain above each sequential arm's worst by
-2 SE or more; the joint curriculum within 2 SE of each single arm at equal completions of its domain.
+2 SE or more; the joint curriculum within 2 SE of each single arm at equal completions of its domain;
+the curriculum at each domain's target in no more completions than the uniform mixture; all arms in
+4 hours summed over sittings.
 """
 
 from __future__ import annotations
@@ -110,7 +107,9 @@ from postrl.tasks.catalog import build_domains
 
 RECIPE = "recipes/smollm2-joint.yaml"
 RESULTS = "benchmarks/results/joint_vs_single_14steps"
-"""The full size's records, committed: the arms span sittings (see above)."""
+"""The full size's records, committed: the arms span sittings (see above). The records of the design
+before (the equal-completions and along-the-run readings from separate shorter runs, greedy measured
+too; reported by commit c80649b) are in benchmarks/results/joint_vs_single_14steps_prefix/."""
 BASE = "benchmarks/results/joint_vs_single_base.json"
 """The base model's measurement, one record for every --out of the full size (same problems and seeds)."""
 
@@ -122,8 +121,8 @@ steps no joint arm lifted more than one domain past 2 SE; at 10 steps the joint 
 smallest gain was 0.96-1.96 SE over three seeds (docs/joint.md)."""
 QUICK = {"problems": 8, "steps": 3, "prompts": 2, "samples": 4, "eval_every": 3, "eval_problems": 4, "max_tokens": 64}
 """--quick: the same arms, 8 problems a domain, three steps of 8 completions (one a stage of the
-sequential arms, whose paths it runs: the stage checkpoints and their measurements), replies cut at
-64 tokens, pass@1 alone measured (no greedy pass): the shape of the run, not its significance."""
+sequential arms; every path of the full size runs: the checkpoints and their measurements), replies
+cut at 64 tokens: the shape of the run, not its significance."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +134,9 @@ class Arm:
     """The one domain it trains (its recipe entry kept whole), the others measured only; None: all."""
     stages: tuple[str, ...] = ()
     """A sequential arm: the domains one after the other, in this order (`stage_lengths` steps each)."""
-    measured: tuple[str, ...] = ()
-    """The domains its weights are measured on, pass@1 alone (empty: every domain and the control,
-    greedy too)."""
+    along: tuple[int, ...] = ()
+    """Steps whose checkpoint (the weights after that many steps) is measured too, pass@1 alone on
+    the domains the arm trains: the equal-completions and completions-to-target readings."""
 
 
 def stage_lengths(steps: int, stages: int) -> list[int]:
@@ -216,33 +215,23 @@ def in_turn(order: tuple[str, ...], steps: int) -> Iterator[None]:
 
 def arms(trained: list[str], steps: int, seeds: tuple[int, ...] = ()) -> dict[str, Arm]:
     """{arm: what it trains}, in the order they run: the joint arms first (the acceptance rests on
-    them), then each domain alone, then each domain alone for the first third of the steps
-    (`single_<domain>_equal`, the `stage_lengths` first length: about the completions its domain
-    gets in a joint arm, measured on that domain only), then the sequential arms, keeping a
-    checkpoint at each stage's end for their measurements along the way, then each joint arm's
-    first third and first two thirds of the steps (`<joint arm>_at<k>`, measured on the trained
-    domains: when each reached a domain's target), then the joint curriculum again under each of
-    `seeds` (`joint_curriculum_seed<N>`).
-
-    An equal arm is its own short run, not a checkpoint of the single arm's: the LR is constant
-    after warm-up and nothing else in a run depends on its length, so on one checkout a run of k
-    steps is the first k steps of a longer one, weight for weight (tests/test_joint_bench.py trains
-    both and compares), and it costs what those steps cost, while a checkpoint would have meant
-    training the measured single arms again."""
+    them), then each domain alone, then the sequential arms, then the joint curriculum again under
+    each of `seeds` (`joint_curriculum_seed<N>`). Every arm keeps a checkpoint every third of the
+    steps (the `stage_lengths` first length): a sequential arm's are its stages' ends; a joint arm's
+    after a third and two thirds are measured on the trained domains (when each reached a domain's
+    target); a single arm's after a third, about the completions its domain gets in a joint arm,
+    on its domain (joint against single at equal completions), all read from the arms' own runs."""
     third = stage_lengths(steps, len(trained))[0]
-    alone = ("curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false")
-    single = {f"single_{name}": Arm(alone, only=name) for name in trained}
-    equal = {f"single_{name}_equal": Arm((*alone, f"train.total_steps={third}"), only=name, measured=(name,))
-             for name in trained}
-    in_turn = ("curriculum.schedule=sequential", "eval.every_steps=0", "eval.at_start=false",
-               f"checkpoint.every_steps={third}", f"checkpoint.keep_last={steps // third}")
-    joint = {"joint_curriculum": ("curriculum.schedule=learnability",), "joint_uniform": ("curriculum.schedule=fixed",)}
-    early = {f"{name}_at{k}": Arm((*o, f"train.total_steps={k}"), measured=tuple(trained))
-             for k in (third, 2 * third) for name, o in joint.items()}
+    kept = (f"checkpoint.every_steps={third}", f"checkpoint.keep_last={steps // third}")
+    alone = ("curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false", *kept)
+    single = {f"single_{name}": Arm(alone, only=name, along=(third,)) for name in trained}
+    in_turn = ("curriculum.schedule=sequential", "eval.every_steps=0", "eval.at_start=false", *kept)
+    along = tuple(range(third, steps, third))
+    joint = {"joint_curriculum": Arm(("curriculum.schedule=learnability", *kept), along=along),
+             "joint_uniform": Arm(("curriculum.schedule=fixed", *kept), along=along)}
     reseeded = {f"joint_curriculum_seed{n}": Arm((f"seed={n}", "curriculum.schedule=learnability")) for n in seeds}
-    return {**{name: Arm(o) for name, o in joint.items()}, **single, **equal,
-            "sequential": Arm(in_turn, stages=tuple(trained)),
-            "sequential_rev": Arm(in_turn, stages=tuple(reversed(trained))), **early, **reseeded}
+    return {**joint, **single, "sequential": Arm(in_turn, stages=tuple(trained)),
+            "sequential_rev": Arm(in_turn, stages=tuple(reversed(trained))), **reseeded}
 
 
 def columns(trained: list[str]) -> list[str]:
@@ -260,9 +249,9 @@ class Arms:
     model's in the shared record `base`)."""
 
     def __init__(self, out: Path, recipe: str, size: dict, fresh: bool, extra: list[str] | None = None,
-                 runs: Path | None = None, base: Path | None = None, greedy: bool = True):
+                 runs: Path | None = None, base: Path | None = None, greedy: bool = False):
         self.greedy = greedy
-        """Measure greedy replies too (the full size's tables show them); --quick reads pass@1 alone."""
+        """Measure each arm's final weights on greedy replies too (`--greedy`); every target reads pass@1."""
         self.out, self.recipe, self.size, self.extra = out, recipe, size, extra or []
         """`extra`: recipe overrides for every trained arm (`--set`), part of each trained arm's key."""
         self.runs = runs or out / "runs"
@@ -303,8 +292,8 @@ class Arms:
 
     def run(self, name: str, arm: Arm | None) -> dict:
         """An arm's result, kept or made: train (unless `arm` is None: the base model), then measure
-        on every domain's held-out problems (an equal arm: its own domain's), and a sequential arm
-        after each stage (`stages`)."""
+        on every domain's held-out problems, a sequential arm after each stage too (`stages`), and
+        another arm at each of its `along` steps (`along`)."""
         key = self.key(*((arm.overrides, arm.only, arm.stages) if arm else (None, None)))
         if kept := self.kept(name, key):
             print(f"{name}: kept from {self.path(name)} ({kept['seconds'] / 60:.1f} min when it ran)", flush=True)
@@ -315,9 +304,8 @@ class Arms:
             train_s, loads = self.train(name, arm, key, run_dir, loads)
             model = str(run_dir / "final")
         measuring = Timed()
-        suites = {d: self.suites[d] for d in arm.measured} if arm and arm.measured else self.suites
-        results = self.measure(name, model, suites, greedy=not arm or not arm.measured)
-        extra = self.stages(name, arm, run_dir) if arm and arm.stages else {}
+        results = self.measure(name, model, self.suites)
+        extra = self.stages(name, arm, run_dir) if arm and arm.stages else self.along(name, arm, run_dir) if arm else {}
         loads.append(load_avg())
         kept = {"key": key, "arm": name, "results": results, "seconds": train_s + measuring.seconds,
                 "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,
@@ -348,19 +336,28 @@ class Arms:
         return clock.seconds, loads
 
     def measure(self, name: str, model: str | Path, suites: dict, greedy: bool = True) -> dict:
-        """`model` on `suites`: one sample a problem at T=0.7, and greedy unless not `greedy` (the
-        equal and early arms, read by pass@1 alone: the samples are the same without it)."""
+        """`model` on `suites`: one sample a problem at T=0.7, and greedy where asked here and by
+        `self.greedy` (the readings along a run are pass@1 alone: the samples are the same)."""
         print(f"{name}: measuring {model}", flush=True)
         policy = Policy(*load_model(str(model), self.bench.model.dtype, log=lambda *_: None))
         return measure(policy, suites, self.bench, self.tokens, greedy and self.greedy)
 
     def stages(self, name: str, arm: Arm, run_dir: Path) -> dict:
         """A sequential arm's weights after each stage but the last, from the run's checkpoints, on
-        every domain (`stages`, the last stage's results the arm's own)."""
+        every domain, pass@1 alone (`stages`, the last stage's results the arm's own)."""
         steps = self.size["steps"]
         return {"stages": [{"domain": d, "steps": [start, end], **({} if end == steps else {
-            "results": self.measure(f"{name} after {d}", checkpoint(run_dir, end), self.suites)})}
+            "results": self.measure(f"{name} after {d}", checkpoint(run_dir, end), self.suites, greedy=False)})}
             for d, start, end in stage_bounds(steps, arm.stages)]}
+
+    def along(self, name: str, arm: Arm, run_dir: Path) -> dict:
+        """An arm's weights after each of its `along` steps, from the run's checkpoints, on the domains
+        it trains, pass@1 alone (`along`: the step, the completions it had trained on per domain, the
+        results)."""
+        suites = {d: self.suites[d] for d in ([arm.only] if arm.only else self.trained)}
+        return {"along": [{"step": k, "completions": completions(run_dir, before=k),
+                           "results": self.measure(f"{name} after {k} steps", checkpoint(run_dir, k), suites,
+                                                   greedy=False)} for k in arm.along]} if arm.along else {}
 
     def trained_run(self, arm: str, key: str, run_dir: Path) -> dict | None:
         """The record of this arm's finished training, when it was made with these settings and its
@@ -413,11 +410,12 @@ def run_record(run_dir: Path, trained: list[str]) -> dict:
             "story": curriculum_story(metrics, trained), "evals": evals, "weights": weights}
 
 
-def completions(run_dir: Path) -> dict[str, int]:
-    """The sampled completions a run trained on, per domain, counted in its rollout store."""
-    rows = query(run_dir, "SELECT domain, count(*) FROM rollouts GROUP BY domain ORDER BY domain").rows
+def completions(run_dir: Path, before: int | None = None) -> dict[str, int]:
+    """The sampled completions a run trained on, per domain, counted in its rollout store (in its
+    steps before `before` only, where given)."""
+    where = "" if before is None else f" WHERE step < {int(before)}"
+    rows = query(run_dir, f"SELECT domain, count(*) FROM rollouts{where} GROUP BY domain ORDER BY domain").rows
     return {domain: int(n) for domain, n in rows}
-
 
 
 def checkpoint(run_dir: Path, step: int) -> Path:
@@ -455,6 +453,8 @@ def main(argv: list[str]) -> int:
                     help="a recipe override for every trained arm (repeatable), e.g. curriculum.domain_draw=stratified")
     ap.add_argument("--arms", default="", help="comma-separated arms to run (default all); the base model always "
                     "runs, and the other arms' kept records are reported with them")
+    ap.add_argument("--greedy", action="store_true", help="measure each arm's final weights on greedy replies "
+                    "too (every target reads pass@1 alone, which is the same without it)")
     ap.add_argument("--seeds", type=int, default=1, help="run the joint curriculum under N seeds (the recipe's, then "
                     "the next ones; default 1): the report adds each run's gains and their mean")
     args = ap.parse_args(argv)
@@ -467,7 +467,7 @@ def main(argv: list[str]) -> int:
     out = Path(args.out or ("runs/joint_vs_single_quick" if args.quick else RESULTS))
     runs = Path(args.runs or ("runs/joint_vs_single_quick/runs" if args.quick else "runs/joint_vs_single"))
     bench = Arms(out, args.recipe, size, args.fresh, args.set, runs,
-                 Path(args.base or (out / "base.json" if args.quick else BASE)), greedy=not args.quick)
+                 Path(args.base or (out / "base.json" if args.quick else BASE)), greedy=args.greedy)
     trained, domains = bench.trained, list(bench.suites)
     every = arms(trained, size["steps"], tuple(bench.bench.seed + k for k in range(1, args.seeds)))
     chosen = args.arms.split(",") if args.arms else list(every)

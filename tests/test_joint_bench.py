@@ -120,15 +120,38 @@ def test_each_arm_is_kept_and_a_changed_setting_runs_it_again(tmp_path):
     assert bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=True) and not (tmp_path / "base.json").exists()
 
 
-def test_the_greedy_pass_is_measured_at_the_full_size_but_not_for_the_equal_and_early_arms_or_quick(
-        tmp_path, monkeypatch):
+def test_the_greedy_pass_is_measured_with_greedy_on_the_final_weights_only(tmp_path, monkeypatch):
     asked = []
     monkeypatch.setattr(bench, "load_model", lambda *a, **k: (None, None))
     monkeypatch.setattr(bench, "Policy", lambda *a: None)
     monkeypatch.setattr(bench, "measure", lambda policy, suites, cfg, tokens, greedy: asked.append(greedy) or {})
-    full, quick = (bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False, greedy=g) for g in (True, False))
-    full.measure("a", "m", {}), full.measure("b", "m", {}, greedy=False), quick.measure("c", "m", {})
+    greedy, plain = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False, greedy=True), \
+        bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
+    greedy.measure("a", "m", {}), greedy.measure("b", "m", {}, greedy=False), plain.measure("c", "m", {})
     assert asked == [True, False, False]
+
+
+def test_an_arm_is_measured_along_its_run_on_the_domains_it_trains(tmp_path, monkeypatch):
+    """The equal-completions and completions-to-target readings: the run's checkpoints at the arm's
+    `along` steps, pass@1 alone, on its trained domains (a single arm: its own), with the
+    completions it had trained on by then."""
+    arms = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
+    asked = []
+    monkeypatch.setattr(bench, "checkpoint", lambda run_dir, step: run_dir / f"checkpoint_{step}")
+    monkeypatch.setattr(bench, "completions", lambda run_dir, before=None: {"at": before})
+    monkeypatch.setattr(arms, "measure", lambda name, model, suites, greedy=True:
+                        asked.append((model.name, sorted(suites), greedy)) or {"m": model.name})
+    every = bench.arms(arms.trained, 14, seeds=(2,))
+    run = tmp_path / "run"
+    assert arms.along("joint_uniform", every["joint_uniform"], run) == {"along": [
+        {"step": 5, "completions": {"at": 5}, "results": {"m": "checkpoint_5"}},
+        {"step": 10, "completions": {"at": 10}, "results": {"m": "checkpoint_10"}}]}
+    trained = sorted(arms.trained)
+    assert asked == [("checkpoint_5", trained, False), ("checkpoint_10", trained, False)]
+    asked.clear()
+    assert [p["step"] for p in arms.along("single_code", every["single_code"], run)["along"]] == [5]
+    assert asked == [("checkpoint_5", ["code"], False)]
+    assert arms.along("seed", every["joint_curriculum_seed2"], run) == {}  # no readings along its run
 
 
 def test_an_arm_stopped_while_measured_keeps_its_finished_training_and_only_that(tmp_path):
@@ -223,30 +246,24 @@ def test_the_sequential_schedule_draws_only_its_stages_domain_and_resumes_at_its
         bench.SequentialSchedule({"a": 1.0, "b": 1.0}, order=("a", "c"), steps=4)
 
 
-def test_the_sequential_arms_checkpoint_each_stage_in_both_orders_and_the_equal_arms_train_a_third(tmp_path):
-    every = bench.arms(["wp", "lc", "code"], 14)
-    assert list(every)[-6:] == ["sequential", "sequential_rev", "joint_curriculum_at5", "joint_uniform_at5",
-                                "joint_curriculum_at10", "joint_uniform_at10"]
+def test_every_arm_keeps_a_checkpoint_each_third_and_reads_its_own_along_the_run(tmp_path):
+    every = bench.arms(["wp", "lc", "code"], 14, seeds=(2,))
+    assert list(every) == ["joint_curriculum", "joint_uniform", "single_wp", "single_lc", "single_code", "sequential",
+                           "sequential_rev", "joint_curriculum_seed2"]
     assert every["sequential"].stages == ("wp", "lc", "code") and every["sequential_rev"].stages == ("code", "lc", "wp")
-    # 14 steps: the stages end at 5 and 10, both checkpoints kept
     assert every["sequential"].overrides[0] == "curriculum.schedule=sequential"
-    assert {"checkpoint.every_steps=5", "checkpoint.keep_last=2"} <= set(every["sequential_rev"].overrides)
-    # each domain alone for the first stage's 5 steps, measured on that domain only
-    equal = every["single_lc_equal"]
-    assert (equal.only, equal.measured, equal.overrides[-1]) == ("lc", ("lc",), "train.total_steps=5")
-    assert every["single_lc"].measured == every["sequential"].measured == ()  # every domain and the control
-    assert not any(o.startswith("checkpoint") for a in ("joint_curriculum", "single_lc") for o in every[a].overrides)
-    # each joint arm's first 5 and first 10 steps, measured on the trained domains
-    assert every["joint_uniform_at10"].overrides == ("curriculum.schedule=fixed", "train.total_steps=10")
-    assert every["joint_curriculum_at5"].overrides == ("curriculum.schedule=learnability", "train.total_steps=5")
-    assert every["joint_curriculum_at5"].measured == ("wp", "lc", "code")
+    # 14 steps: checkpoints at 5 and 10, both kept: the stages' ends, the joint arms' readings along the run
+    for arm in ("sequential_rev", "joint_uniform", "joint_curriculum", "single_lc"):
+        assert {"checkpoint.every_steps=5", "checkpoint.keep_last=2"} <= set(every[arm].overrides)
+    assert every["joint_uniform"].along == every["joint_curriculum"].along == (5, 10)
+    assert every["joint_curriculum"].overrides[0] == "curriculum.schedule=learnability"
+    # a domain alone after the first stage's 5 steps: about its completions in a joint arm
+    assert (every["single_lc"].only, every["single_lc"].along) == ("lc", (5,))
+    assert every["sequential"].along == every["joint_curriculum_seed2"].along == ()  # stages / final weights only
+    assert bench.arms(["wp", "lc", "code"], 3)["joint_uniform"].along == (1, 2)  # --quick: a step a third
     arms = bench.Arms(tmp_path, str(RECIPE), bench.QUICK, fresh=False)
     seq, rev = every["sequential"], every["sequential_rev"]
     assert arms.key(seq.overrides, None, seq.stages) != arms.key(rev.overrides, None, rev.stages)  # the order counts
-    # the joint and single arms' keys are those of before issue 46, so their committed records still hold
-    assert arms.key(every["joint_uniform"].overrides, None) == arms.key(["curriculum.schedule=fixed"], None)
-    assert arms.key(every["single_lc"].overrides, "lc") == arms.key(
-        ["curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"], "lc")
 
 
 @pytest.mark.parametrize("arm", [
@@ -254,9 +271,11 @@ def test_the_sequential_arms_checkpoint_each_stage_in_both_orders_and_the_equal_
     ("curriculum.schedule=learnability", "eval.every_steps=1", "eval.at_start=true"),  # the joint and early arms
 ])
 def test_a_run_of_k_steps_is_the_first_k_steps_of_a_longer_run(tiny_model_dir, tmp_path, arm):
-    """What the equal and early arms rest on: a 2-step run's weights are, bit for bit, a 3-step run's
-    after its second step (its checkpoint there; the short run writes none), with an arm's settings:
-    a fixed mixture and no eval, or the learnability curriculum with in-run evals."""
+    """What the readings along a run rest on: a run's checkpoint after k steps stands for the domains
+    trained for k steps (a single arm's after a third: what training the domain alone that long
+    gives). A 2-step run's weights are, bit for bit, a 3-step run's after its second step (its
+    checkpoint there; the short run writes none), with an arm's settings: a fixed mixture and no
+    eval, or the learnability curriculum with in-run evals."""
     def run(steps: int, name: str, every: int) -> Path:
         cfg = load_config("recipes/default.yaml", [
             f"model.name={tiny_model_dir}", "domains={arith: {}, sort: {}}", *arm,
@@ -292,6 +311,7 @@ def test_a_sequential_run_trains_the_stages_in_turn_with_one_optimiser(tiny_mode
     rows = query(run_dir, "SELECT step, domain, count(*) FROM rollouts GROUP BY step, domain ORDER BY step").rows
     assert [(int(s), d, int(n)) for s, d, n in rows] == [(0, "sort", 4), (1, "sort", 4), (2, "arith", 4), (3, "arith", 4)]
     assert bench.completions(run_dir) == {"arith": 8, "sort": 8}
+    assert bench.completions(run_dir, before=3) == {"arith": 4, "sort": 8}  # what it had trained on by step 3
 
     def adam_steps(step: int) -> float:
         state = torch.load(bench.checkpoint(run_dir, step).parent / "state.pt", weights_only=False)
@@ -343,12 +363,12 @@ def test_the_worst_domain_margin_pairs_one_domain_and_adds_two_in_quadrature():
     assert (d1, d2) == ("a", "b") and abs(delta - 0.2) < 1e-12 and abs(se - (0.30 / 99) ** 0.5) < 1e-12
 
 
-def test_joint_against_single_at_equal_completions_reads_the_equal_arms_records():
+def test_joint_against_single_at_equal_completions_reads_the_single_arms_first_point_along_their_run():
     joint = {"a": result([1] * 30 + [0] * 70), "b": result([1] * 50 + [0] * 50)}
     results = {"joint_curriculum": {"results": joint, "completions": {"a": 296, "b": 304}},
-               "single_a": {"results": {"a": result([1] * 90 + [0] * 10)}},
-               "single_a_equal": {"results": {"a": result([1] * 40 + [0] * 60)}, "completions": {"a": 320}},
-               "single_b": {"results": {"b": result([1] * 90 + [0] * 10)}}}  # b's equal arm did not run
+               "single_a": {"results": {"a": result([1] * 90 + [0] * 10)}, "along": [
+                   {"step": 5, "results": {"a": result([1] * 40 + [0] * 60)}, "completions": {"a": 320}}]},
+               "single_b": {"results": {"b": result([1] * 90 + [0] * 10)}}}  # b not measured along its run
     [(d, n_single, n_joint, delta, se)] = report.equal_completions(results, ["a", "b"], "joint_curriculum")
     # the joint's 30 right are among single_a's first 40: per problem 10 of -1 -> -0.10, SE sqrt(0.09/99)
     assert (d, n_single, n_joint) == ("a", 320, 296) and abs(delta + 0.1) < 1e-12
@@ -362,8 +382,10 @@ def test_the_curriculum_against_uniform_reads_when_each_reached_its_target():
     def at(n: int) -> dict:  # n of 100 right on domain a
         return {"results": {"a": result([1] * n + [0] * (100 - n))}}
 
-    results = {"joint_curriculum": at(40), "joint_curriculum_at5": at(10), "joint_curriculum_at10": at(30),
-               "joint_uniform": at(35), "joint_uniform_at10": at(25), "joint_uniform_at5": at(20)}
+    def along(final: int, *points: tuple[int, int]) -> dict:  # (step, n right) measured along the run
+        return at(final) | {"along": [{"step": k, **at(n)} for k, n in points]}
+
+    results = {"joint_curriculum": along(40, (5, 10), (10, 30)), "joint_uniform": along(35, (10, 25), (5, 20))}
     points = report.reach_points(results, "joint_curriculum", size)
     assert [n for n, _ in points] == [320, 640, 896]  # in order of steps, whatever the records' order
     assert report.first_reach(points, "a", 0.28) == 640  # 0.10, 0.30: at 640 completions
@@ -372,9 +394,9 @@ def test_the_curriculum_against_uniform_reads_when_each_reached_its_target():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(report, "REACH", {"a": 0.28})
         assert report.report_reach(results, ["a"], size) == (1, 1)
-        results["joint_uniform_at5"] = at(30)  # the mixture there at 320: the curriculum later
+        results["joint_uniform"] = along(35, (10, 25), (5, 30))  # the mixture there at 320: the curriculum later
         assert report.report_reach(results, ["a"], size) == (0, 1)
-        del results["joint_uniform_at5"], results["joint_uniform_at10"]
+        results["joint_uniform"] = at(35)
         assert report.report_reach(results, ["a"], size) is None  # the mixture not read along its run
 
 
