@@ -23,9 +23,10 @@ TARGET_HOURS = 4.0
 """Issue 46: every arm, summed over sittings (issue 31's was 3 h for the six arms it had)."""
 REACH = {"word_problems": 0.28, "letter_counting": 0.20, "code": 0.28}
 """Held-out pass@1 each trained domain is to reach, stated on 2026-12-07 before the joint arms were
-first measured along their runs: the base plus three quarters of the smaller of the two joint arms' gains at 14 steps (word
-problems 0.140 + 0.75 x 0.185, letter counting 0.115 + 0.75 x 0.115, code 0.155 + 0.75 x 0.160),
-rounded to 0.01; both joint arms reach them by step 14, the question is how soon."""
+first measured along their runs: the base plus three quarters of the smaller of the two joint arms'
+gains at 14 steps (word problems 0.140 + 0.75 x 0.185, letter counting 0.115 + 0.75 x 0.115, code
+0.155 + 0.75 x 0.160), rounded to 0.01; both joint arms reach them by step 14, the question is how
+soon."""
 
 
 def change(base: dict, after: dict) -> tuple[float, float]:

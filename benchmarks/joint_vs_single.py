@@ -22,9 +22,9 @@ weights, optimiser, LR schedule and KL reference (the base model) as one run doe
 lengths are `stage_lengths` (14 steps: 5, 5, 4). The joint runs evaluate every few steps with the
 seesaw alerts on. Every arm is measured on the same held-out problems (200 a domain; one sample at
 T=0.7 with the same seeds: pass@1; greedy replies too with `--greedy`), and each change is reported
-with its paired standard error against the base model (benchmarks/_gain.py). Every arm keeps a
-checkpoint every third of the steps, and besides its final weights these are measured, pass@1 alone,
-from the arm's own run (`stages`, `along` in its record):
+with its paired standard error against the base model (benchmarks/_gain.py). Every arm but the
+reseeded ones keeps a checkpoint every third of the steps, and besides its final weights these are
+measured, pass@1 alone, from the arm's own run (`stages`, `along` in its record):
   - a sequential arm's weights after each earlier stage, on every domain and the control: the
     forgetting of each earlier domain is read, not inferred;
   - a single arm's weights after a third of the steps, about the completions its domain gets in a
@@ -216,11 +216,12 @@ def in_turn(order: tuple[str, ...], steps: int) -> Iterator[None]:
 def arms(trained: list[str], steps: int, seeds: tuple[int, ...] = ()) -> dict[str, Arm]:
     """{arm: what it trains}, in the order they run: the joint arms first (the acceptance rests on
     them), then each domain alone, then the sequential arms, then the joint curriculum again under
-    each of `seeds` (`joint_curriculum_seed<N>`). Every arm keeps a checkpoint every third of the
-    steps (the `stage_lengths` first length): a sequential arm's are its stages' ends; a joint arm's
-    after a third and two thirds are measured on the trained domains (when each reached a domain's
-    target); a single arm's after a third, about the completions its domain gets in a joint arm,
-    on its domain (joint against single at equal completions), all read from the arms' own runs."""
+    each of `seeds` (`joint_curriculum_seed<N>`, read by their final weights alone). Every other arm
+    keeps a checkpoint every third of the steps (the `stage_lengths` first length): a sequential
+    arm's are its stages' ends; a joint arm's after a third and two thirds are measured on the
+    trained domains (when each reached a domain's target); a single arm's after a third, about the
+    completions its domain gets in a joint arm, on its domain (joint against single at equal
+    completions), all read from the arms' own runs."""
     third = stage_lengths(steps, len(trained))[0]
     kept = (f"checkpoint.every_steps={third}", f"checkpoint.keep_last={steps // third}")
     alone = ("curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false", *kept)
@@ -305,7 +306,7 @@ class Arms:
             model = str(run_dir / "final")
         measuring = Timed()
         results = self.measure(name, model, self.suites)
-        extra = self.stages(name, arm, run_dir) if arm and arm.stages else self.along(name, arm, run_dir) if arm else {}
+        extra = {} if arm is None else self.stages(name, arm, run_dir) if arm.stages else self.along(name, arm, run_dir)
         loads.append(load_avg())
         kept = {"key": key, "arm": name, "results": results, "seconds": train_s + measuring.seconds,
                 "train_seconds": train_s, "load": loads, "run_dir": str(run_dir) if run_dir else None,

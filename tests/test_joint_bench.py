@@ -267,8 +267,8 @@ def test_every_arm_keeps_a_checkpoint_each_third_and_reads_its_own_along_the_run
 
 
 @pytest.mark.parametrize("arm", [
-    ("curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"),  # the single and equal arms
-    ("curriculum.schedule=learnability", "eval.every_steps=1", "eval.at_start=true"),  # the joint and early arms
+    ("curriculum.schedule=fixed", "eval.every_steps=0", "eval.at_start=false"),  # the single arms
+    ("curriculum.schedule=learnability", "eval.every_steps=1", "eval.at_start=true"),  # the joint arms
 ])
 def test_a_run_of_k_steps_is_the_first_k_steps_of_a_longer_run(tiny_model_dir, tmp_path, arm):
     """What the readings along a run rest on: a run's checkpoint after k steps stands for the domains
