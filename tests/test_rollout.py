@@ -232,6 +232,39 @@ def test_shared_prefix_gradients_equal_per_row_gradients(tiny):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_shared_prefix_gradients_are_the_same_bits_on_every_run():
+    """Rows that share a prompt (a group's samples) read its states from one place; their gradient,
+    summed into that place in the backward, must come out the same bits every time, on two threads
+    too, or a real-model run does not repeat (indexing's backward adds repeated rows from several
+    threads at once on the CPU). Shapes large enough for the threaded path: 8 groups of 8, their rows
+    shuffled as the learner's minibatches are (a group's rows on both threads' halves)."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(8):
+        prompt = torch.randint(3, 64, (24,), generator=gen).tolist()
+        rows += [prompt + torch.randint(3, 64, (int(n),), generator=gen).tolist()
+                 for n in torch.randint(8, 40, (8,), generator=gen)]
+    ids, attn = right_padded([rows[i] for i in torch.randperm(len(rows), generator=gen)], 0)
+    weights = torch.randn(ids.shape[0], ids.shape[1] - 1, generator=gen) * attn[:, 1:]
+
+    def grads():
+        model.zero_grad()
+        (token_logprobs(model, ids, attn, torch.ones(ids.shape[0]))[0] * weights).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        first, *again = [grads() for _ in range(4)]
+    finally:
+        torch.set_num_threads(threads)
+    for other in again:
+        assert all(torch.equal(a, b) for a, b in zip(first, other))
+
+
 def _lora_llama(**lora_kw):
     """A random grouped-query Llama with LoRA on five projections, its B factors made non-zero."""
     from postrl.config.schema import LoraConfig

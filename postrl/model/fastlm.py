@@ -394,7 +394,22 @@ def _spread(t: torch.Tensor, share: Shared | None, b: int, s: int) -> torch.Tens
     """[N, heads, D] per distinct prefix -> [B, S, heads, D] per position (differentiable gather)."""
     if share is None:
         return t
-    return t[share.slot].view(b, s, *t.shape[1:])
+    return take_rows(t, share.slot).view(b, s, *t.shape[1:])
+
+
+def take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`t[index]` for a 1-d `index` that may repeat rows, with a backward that sums the same way on
+    every run: a shared prefix's gradient (the sum over the rows that read it) is then the same bits
+    from one run to the next, so a real-model run repeats.
+
+    Indexing's backward is `index_put_(accumulate=True)`, which on the CPU adds a repeated row's
+    contributions from several threads at once (atomic float adds in whatever order the threads
+    reach them; PyTorch lists it among its nondeterministic ops): the learner's gradients differed
+    in their last bits from run to run on SmolLM2, and the runs drew other samples a few steps on.
+    `index_select`'s backward (`index_add_`) adds them in index order on the CPU, and was faster
+    there (benchmarks/deterministic_rows.py). On CUDA it is the other way round: `index_add_` uses
+    atomics and indexing's backward sorts the indices first, so CUDA keeps indexing."""
+    return t.index_select(0, index) if t.device.type == "cpu" else t[index]
 
 
 def padding_bias(key_valid: torch.Tensor, queries: int, dtype) -> torch.Tensor:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from postrl.model.fastlm import COVERED, FastLM, hf_model, padding_bias, shared_prefixes
+from postrl.model.fastlm import COVERED, FastLM, hf_model, padding_bias, shared_prefixes, take_rows
 
 LOGITS_CHUNK_MIB = 16
 """One chunk of float32 logits on the CPU, where `model.logits_chunk_mib` is 0 (its default)."""
@@ -177,7 +177,8 @@ def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     hidden = lm.hidden(input_ids, cos[positions], sin[positions], bias, lm.layers(), causal=True, share=share,
                        compiled=compiled)
     slot = share.slot.view(input_ids.shape)[:, :-1]  # [B, T-1] distinct-prefix row of each position
-    return hidden[slot if keep is None else slot[keep]], lm.logits
+    rows = slot if keep is None else slot[keep]
+    return take_rows(hidden, rows.flatten()).view(*rows.shape, hidden.shape[-1]), lm.logits
 
 
 def _whole_forward(model, input_ids, attention_mask, positions, keep):
