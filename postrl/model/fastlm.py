@@ -406,9 +406,10 @@ def take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     contributions from several threads at once (atomic float adds in whatever order the threads
     reach them; PyTorch lists it among its nondeterministic ops): the learner's gradients differed
     in their last bits from run to run on SmolLM2, and the runs drew other samples a few steps on.
-    `index_select`'s backward (`index_add_`) adds them in index order on the CPU, and was faster
-    there (benchmarks/deterministic_rows.py). On CUDA it is the other way round: `index_add_` uses
-    atomics and indexing's backward sorts the indices first, so CUDA keeps indexing."""
+    `index_select`'s backward (`index_add_`) adds them in index order on the CPU
+    (benchmarks/repeatable_runs.py: two runs of the real recipe the same bits). On CUDA it is the
+    other way round: `index_add_` uses atomics and indexing's backward sorts the indices first, so
+    CUDA keeps indexing."""
     return t.index_select(0, index) if t.device.type == "cpu" else t[index]
 
 
